@@ -1,0 +1,180 @@
+"""The provider interface every adapter implements, and the ports it may use.
+
+An adapter keeps its provider's native loop and maps it onto our events. It sees only ports:
+`Ports.emit` for events (the kernel stamps ids, seq, epoch, session and run), `permissions`,
+`host_tools` and `files`. It never writes a run terminal event itself: `run()` returns a
+`TurnOutcome` and the kernel, which alone decides which terminal wins, emits it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+from driver.protocol.boot import ExecutionConfig, SessionConfig
+from driver.protocol.commands import RunInput
+
+# Capability ids a provider may declare (PROTOCOL hello.capabilities).
+CAPABILITIES: tuple[str, ...] = (
+    "text_stream",
+    "thinking_stream",
+    "tool_stream",
+    "permission_request",
+    "native_resume",
+    "usage",
+    "host_tools",
+    "file_change",
+)
+
+PermissionOptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionOption:
+    option_id: str
+    kind: PermissionOptionKind
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRequest:
+    tool_call_id: str
+    title: str
+    options: tuple[PermissionOption, ...]
+    tool_name: str = ""
+    tool_input: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionDecision:
+    outcome: Literal["allowed", "rejected", "cancelled", "timed_out"]
+    option_id: str | None
+    option_kind: PermissionOptionKind | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome == "allowed"
+
+
+@dataclass(frozen=True, slots=True)
+class HostToolReply:
+    content: list[dict[str, Any]]
+    is_error: bool
+
+
+class EventPort(Protocol):
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        """Admit one event. Lossless events are journaled before this returns; may wait (backpressure)."""
+
+
+class PermissionPort(Protocol):
+    async def request(self, request: PermissionRequest) -> PermissionDecision: ...
+
+
+class HostToolPort(Protocol):
+    async def call(self, name: str, arguments: Any) -> HostToolReply: ...
+
+
+class FilePort(Protocol):
+    def admit(self, path: str | Path) -> Path:
+        """Resolve `path` (relative to cwd) and return it if inside an allowed root; else PathNotAllowed."""
+
+
+class PathNotAllowed(PermissionError):
+    pass
+
+
+@dataclass(slots=True)
+class Ports:
+    events: EventPort
+    permissions: PermissionPort
+    host_tools: HostToolPort
+    files: FilePort
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        await self.events.emit(kind, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    """What an adapter is given at construction: the frozen execution snapshot and where to live."""
+
+    session: SessionConfig
+    execution: ExecutionConfig
+    state_dir: Path  # a folder for this provider's home/config under session.state_dir
+    project_root: Path  # where node_modules with the pinned runtimes lives
+    traceparent: str | None = None
+    # Environment for the provider process: allowlisted parent variables plus execution.environment.
+    # Built by the kernel (`driver.adapters.environment.provider_env`); never contains the control token.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """How a turn ended, as the provider reported it. The kernel turns it into the run terminal."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    stop_reason: str = "end_turn"
+    final_message_id: str | None = None
+    final_message_text: str = ""
+    usage: dict[str, Any] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    error_retryable: bool = False
+    error_details: dict[str, Any] | None = None
+
+
+class ProviderError(Exception):
+    """A provider failure the kernel reports as `run.failed` with this code (e.g. `provider.crashed`)."""
+
+    def __init__(
+        self, code: str, message: str, *, retryable: bool = False, details: dict[str, Any] | None = None
+    ):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.details = details or {}
+
+
+class Adapter(abc.ABC):
+    runtime: ClassVar[str]
+    capabilities: ClassVar[frozenset[str]]
+
+    def __init__(self, config: AdapterConfig, ports: Ports) -> None:
+        self.config = config
+        self.ports = ports
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Spawn the provider and open (or resume) its native session. Emits
+        `runtime.resume.updated` once the native id is known, `runtime.session.reset` on a failed resume."""
+
+    @abc.abstractmethod
+    async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
+        """Run one turn to its end, emitting events through the ports. Raise ProviderError on failure."""
+
+    @abc.abstractmethod
+    async def cancel(self) -> None:
+        """Ask the provider to interrupt the active turn (Codex turn/interrupt, Claude interrupt(),
+        ACP session/cancel). Returns once asked; `run()` then returns a cancelled outcome."""
+
+    @abc.abstractmethod
+    async def reset(self) -> tuple[str | None, str | None]:
+        """Discard the native session and start a fresh one; return (previous id, current id)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop the provider process(es); idempotent; never raises for an already-dead provider."""
+
+    def process_group_ids(self) -> list[int]:
+        """Process groups the kernel may SIGTERM/SIGKILL when an interrupt is not honoured in time."""
+        return []
+
+    @property
+    def native_id(self) -> str | None:
+        """The provider-native thread or session id, when known."""
+        return None

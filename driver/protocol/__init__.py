@@ -1,0 +1,1 @@
+"""The wire contract as data: boot schema, frames, commands, events, and the sans-I/O link core."""

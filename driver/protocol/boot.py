@@ -1,0 +1,108 @@
+"""Schema of the one-time boot payload (PROTOCOL §1).
+
+Strict: every field is typed and constrained, and unknown fields are refused, because a typo in a
+sandbox's configuration should stop the driver with a clear line rather than be silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+InstanceId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Runtime = Literal["claude-agent-sdk", "openai-app-server", "acp"]
+RUNTIMES: tuple[str, ...] = ("claude-agent-sdk", "openai-app-server", "acp")
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ControlConfig(_Strict):
+    url: NonEmpty
+    token: NonEmpty
+    insecure_transport: bool = False
+    ca_file: str | None = None
+
+
+class SessionConfig(_Strict):
+    id: NonEmpty
+    agent_id: NonEmpty
+    kind: Literal["cattle", "pet"]
+    cwd: NonEmpty
+    state_dir: NonEmpty
+    memory_dir: str | None = None
+    additional_directories: list[str] = msgspec.field(default_factory=list)
+    idle_exit_ms: Annotated[int, msgspec.Meta(ge=0)] | None = 300_000
+
+
+class McpServer(_Strict):
+    name: NonEmpty
+    transport: Literal["http", "stdio"]
+    url: str | None = None
+    headers_from_env: dict[str, str] = msgspec.field(default_factory=dict)
+    command: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class HostTool(_Strict):
+    name: NonEmpty
+    description: str = ""
+    input_schema: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+
+
+class Skill(_Strict):
+    name: NonEmpty
+    archive_url: NonEmpty
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+    mount_path: NonEmpty
+
+
+class AcpConfig(_Strict):
+    command: Annotated[list[str], msgspec.Meta(min_length=1)]
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class NativeResume(_Strict):
+    runtime: Runtime
+    value: NonEmpty
+
+
+class RecoveryMessage(_Strict):
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class ExecutionConfig(_Strict):
+    revision: NonEmpty
+    runtime: Runtime
+    model: str = ""
+    system_prompt: str = ""
+    permission_policy: Literal["full_access", "supervised"] = "supervised"
+    permission_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] = 300_000
+    environment: dict[str, str] = msgspec.field(default_factory=dict)
+    mcp_servers: list[McpServer] = msgspec.field(default_factory=list)
+    host_tools: list[HostTool] = msgspec.field(default_factory=list)
+    skills: list[Skill] = msgspec.field(default_factory=list)
+    provider_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    acp: AcpConfig | None = None
+    native_resume: NativeResume | None = None
+    recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
+
+
+class BootPayload(_Strict):
+    protocol: Literal[1]
+    driver_instance_id: InstanceId
+    control: ControlConfig
+    session: SessionConfig
+    execution: ExecutionConfig
+    traceparent: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.execution.runtime == "acp" and self.execution.acp is None:
+            raise ValueError("execution.acp is required when execution.runtime is 'acp'")
+
+
+BOOT_DECODER = msgspec.json.Decoder(BootPayload)

@@ -1,0 +1,117 @@
+"""Commands of PROTOCOL §3, validated per `kind`.
+
+A command frame is decoded twice: once as `CommandFrame` (id, seq, kind: enough to answer it), then,
+by kind, as one of the structs below. A failure of the second decode is `command.invalid`, answered
+with the message msgspec gives, which names the offending field and never echoes a value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from driver.protocol.frames import CommandFrame
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Attachment(msgspec.Struct, frozen=True):
+    name: NonEmpty
+    url: NonEmpty
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+    size: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class RunInput(msgspec.Struct, frozen=True):
+    text: str
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+
+
+class _Command(msgspec.Struct, kw_only=True, tag_field="kind"):
+    command_id: NonEmpty
+    seq: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class InputStart(_Command, tag="input.start"):
+    run_id: NonEmpty
+    input: RunInput
+
+
+class TurnCancel(_Command, tag="turn.cancel"):
+    run_id: NonEmpty
+    reason: str = ""
+
+
+class PermissionResolve(_Command, tag="permission.resolve"):
+    request_id: NonEmpty
+    option_id: NonEmpty
+
+
+class HostToolResult(_Command, tag="host_tool.result"):
+    call_id: NonEmpty
+    content: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    is_error: bool = False
+
+
+class SessionReset(_Command, tag="session.reset"):
+    reason: str = ""
+
+
+class SessionStop(_Command, tag="session.stop"):
+    reason: str = ""
+
+
+Command = InputStart | TurnCancel | PermissionResolve | HostToolResult | SessionReset | SessionStop
+COMMAND_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in Command.__args__)  # type: ignore[attr-defined]
+
+_decoder = msgspec.json.Decoder(Command)
+
+
+class CommandInvalid(ValueError):
+    pass
+
+
+def decode_command(raw: bytes | str) -> Command:
+    """Decode a whole command frame (the `type` field is ignored here) into its kind's struct."""
+    try:
+        command: Command = _decoder.decode(raw)
+        return command
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        if "`$.kind`" in msg and "Invalid value" in msg:
+            raise CommandInvalid(f"unknown command kind (known: {', '.join(COMMAND_KINDS)})") from None
+        raise CommandInvalid(msg) from None
+    except msgspec.DecodeError as exc:
+        raise CommandInvalid(str(exc)) from None
+
+
+def fingerprint(raw: bytes | str) -> str:
+    """A content hash of a command, for the `command.conflict` check.
+
+    Computed over the decoded object with keys sorted, so re-serialisation by the CP (key order,
+    whitespace) is not mistaken for different content.
+    """
+    import hashlib
+
+    obj = msgspec.json.decode(raw)
+    canon = msgspec.json.encode(obj, order="sorted")
+    return hashlib.sha256(canon).hexdigest()
+
+
+__all__ = [
+    "COMMAND_KINDS",
+    "Attachment",
+    "Command",
+    "CommandFrame",
+    "CommandInvalid",
+    "HostToolResult",
+    "InputStart",
+    "PermissionResolve",
+    "RunInput",
+    "SessionReset",
+    "SessionStop",
+    "TurnCancel",
+    "decode_command",
+    "fingerprint",
+]

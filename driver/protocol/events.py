@@ -1,0 +1,258 @@
+"""Event kinds of PROTOCOL §4.2: payload schema and delivery class of each.
+
+Adapters call `emit(kind, payload)` with a plain dict; the kernel validates it against the kind's
+payload struct here (an adapter bug becomes a clear error, never a malformed event on the wire),
+then stamps the envelope.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+Delivery = Literal["lossless", "best_effort"]
+
+
+class _P(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class DriverStarted(_P):
+    epoch: int
+    revision: str
+    runtime: str
+    capabilities: list[dict[str, Any]]
+    timings: dict[str, float | None]
+
+
+class RunStarted(_P):
+    run_id: str
+    revision: str
+    input_summary: str
+
+
+class RunCompleted(_P):
+    stop_reason: str
+    final_message_id: str | None
+    final_message_text: str
+    usage: dict[str, Any] | None
+    dropped_best_effort: int = 0
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+    retryable: bool = False
+    details: dict[str, Any] | None = None
+
+
+class RunFailed(_P):
+    error: ErrorInfo
+    dropped_best_effort: int = 0
+
+
+class RunCancelled(_P):
+    reason: str
+    requested_by: str
+    dropped_best_effort: int = 0
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class MessageStarted(_P):
+    message_id: str
+    role: str
+
+
+class MessageDelta(_P):
+    message_id: str
+    text: str
+
+
+class MessageCompleted(_P):
+    message_id: str
+    role: str
+    text: str
+
+
+class ThoughtStarted(_P):
+    thought_id: str
+    text: str = ""
+
+
+class ThoughtDelta(_P):
+    thought_id: str
+    text: str
+
+
+class ThoughtCompleted(_P):
+    thought_id: str
+    text: str
+
+
+class ToolStarted(_P):
+    tool_call_id: str
+    name: str
+    title: str
+    input: Any
+
+
+class ToolOutputDelta(_P):
+    tool_call_id: str
+    text: str
+
+
+class ToolCompleted(_P):
+    tool_call_id: str
+    status: Literal["completed", "failed", "declined", "cancelled"]
+    output: Any
+    exit_code: int | None = None
+
+
+class PermissionOptionPayload(msgspec.Struct, kw_only=True):
+    option_id: str
+    kind: str
+    label: str
+
+
+class PermissionRequested(_P):
+    request_id: str
+    tool_call_id: str
+    title: str
+    options: list[PermissionOptionPayload]
+    expires_at: str
+
+
+class PermissionResolved(_P):
+    request_id: str
+    outcome: Literal["allowed", "rejected", "cancelled", "timed_out"]
+    option_id: str | None
+    decided_by: Literal["control_plane", "policy", "timeout", "cancel"]
+
+
+class HostToolCalled(_P):
+    call_id: str
+    run_id: str | None
+    name: str
+    arguments: Any
+
+
+class FileChanged(_P):
+    path: str
+    change: Literal["created", "modified", "deleted"]
+    sha256: str | None
+
+
+class ArtifactProduced(_P):
+    path: str
+    size: int
+    sha256: str
+
+
+class PlanEntry(msgspec.Struct, kw_only=True):
+    content: str
+    status: str
+
+
+class PlanUpdated(_P):
+    entries: list[PlanEntry]
+
+
+class UsageUpdated(_P):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+class RuntimeResumeUpdated(_P):
+    runtime: str
+    value: str
+
+
+class RuntimeSessionReset(_P):
+    previous: str | None
+    current: str | None
+
+
+class DiagnosticReported(_P):
+    code: str
+    severity: Literal["debug", "info", "warning", "error"]
+    message: str
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class EventKind(msgspec.Struct, frozen=True):
+    payload: type[msgspec.Struct]
+    delivery: Delivery
+    run_scoped: bool
+
+
+def _k(payload: type[msgspec.Struct], delivery: Delivery = "lossless", run_scoped: bool = True) -> EventKind:
+    return EventKind(payload, delivery, run_scoped)
+
+
+# The table: kind → (payload schema, delivery class, whether it belongs to a run).
+EVENT_KINDS: dict[str, EventKind] = {
+    "driver.started": _k(DriverStarted, run_scoped=False),
+    "run.started": _k(RunStarted),
+    "run.completed": _k(RunCompleted),
+    "run.failed": _k(RunFailed),
+    "run.cancelled": _k(RunCancelled),
+    "message.started": _k(MessageStarted),
+    "message.delta": _k(MessageDelta, "best_effort"),
+    "message.completed": _k(MessageCompleted),
+    "thought.started": _k(ThoughtStarted),
+    "thought.delta": _k(ThoughtDelta, "best_effort"),
+    "thought.completed": _k(ThoughtCompleted),
+    "tool.started": _k(ToolStarted),
+    "tool.output.delta": _k(ToolOutputDelta, "best_effort"),
+    "tool.completed": _k(ToolCompleted),
+    "permission.requested": _k(PermissionRequested),
+    "permission.resolved": _k(PermissionResolved),
+    "host_tool.called": _k(HostToolCalled),
+    "file.changed": _k(FileChanged),
+    "artifact.produced": _k(ArtifactProduced),
+    "plan.updated": _k(PlanUpdated),
+    "usage.updated": _k(UsageUpdated),
+    "runtime.resume.updated": _k(RuntimeResumeUpdated, run_scoped=False),
+    "runtime.session.reset": _k(RuntimeSessionReset, run_scoped=False),
+    "diagnostic.reported": _k(DiagnosticReported, run_scoped=False),
+}
+
+RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})
+
+
+class Event(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The envelope on the wire and in the journal."""
+
+    event_id: str
+    seq: int
+    epoch: int
+    kind: str
+    delivery: Delivery
+    session_id: str
+    run_id: str | None
+    occurred_at: str
+    payload: msgspec.Raw
+
+
+class PayloadError(ValueError):
+    pass
+
+
+def validate_payload(kind: str, payload: dict[str, Any]) -> bytes:
+    """Check `payload` against the kind's schema and return its canonical JSON encoding."""
+    spec = EVENT_KINDS.get(kind)
+    if spec is None:
+        raise PayloadError(f"unknown event kind {kind!r}")
+    try:
+        value = msgspec.convert(payload, spec.payload)
+    except msgspec.ValidationError as exc:
+        raise PayloadError(f"{kind}: {exc}") from None
+    return msgspec.json.encode(value)
+
+
+def event_id_for(instance_id: str, epoch: int, seq: int) -> str:
+    return f"{instance_id}/{epoch}/{seq:06d}"

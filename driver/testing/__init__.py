@@ -1,0 +1,1 @@
+"""Test support shipped with the driver: fake model endpoints and port doubles for offline runs."""
