@@ -1,0 +1,239 @@
+"""The driver's durable state under `state_dir`: one SQLite database in WAL mode.
+
+It holds the lossless outbox (each event's full encoded bytes, keyed by `seq` and unique `event_id`),
+the epoch and the seq reservation, command terminal statuses (so idempotency survives a restart), and
+the run that is active (so the next process can end it `driver.restarted`).
+
+This module is synchronous and small on purpose; `driver.queue.outbox` calls it from a worker thread
+for the hot path (group commits) and directly for rare writes. A lock serialises access because the
+connection is shared between that thread and the event loop.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY,
+    event_id TEXT NOT NULL UNIQUE,
+    run_id TEXT,
+    kind TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS commands (
+    command_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    update_frame BLOB,
+    touched INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS commands_touched ON commands(touched);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    command_id TEXT NOT NULL,
+    started_at TEXT NOT NULL
+);
+"""
+
+# Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later
+# process reuses, without a write per event.
+SEQ_BLOCK = 4096
+# PROTOCOL §3: at least the last 1024 terminal statuses are kept.
+COMMANDS_KEPT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class JournaledEvent:
+    seq: int
+    event_id: str
+    run_id: str | None
+    kind: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCommand:
+    command_id: str
+    seq: int
+    fingerprint: str
+    status: str
+    update_frame: bytes | None
+
+
+class Journal:
+    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: every commit fsyncs the WAL, so a receipt-less event survives power loss, not just a crash.
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.executescript(SCHEMA)
+        self._counter = self._meta("touch_counter", 0)
+        path.chmod(0o600)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- meta ---------------------------------------------------------------------------------------
+    def _meta(self, key: str, default: int) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return int(row[0]) if row else default
+
+    def _set_meta(self, key: str, value: int) -> None:
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def bump_epoch(self) -> int:
+        """Increment and return the epoch: 1 for the first process of this state_dir."""
+        with self._lock, self._tx():
+            epoch = self._meta("epoch", 0) + 1
+            self._set_meta("epoch", epoch)
+            return epoch
+
+    def reserve_seqs(self) -> tuple[int, int]:
+        """Reserve the next block of seqs; return (first, end) with end exclusive."""
+        with self._lock, self._tx():
+            start = self._meta("seq_reserved", 0) + 1
+            top = self._db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
+            if top is not None:
+                start = max(start, int(top) + 1)
+            end = start + SEQ_BLOCK
+            self._set_meta("seq_reserved", end - 1)
+            return start, end
+
+    # -- outbox -------------------------------------------------------------------------------------
+    def append(self, events: Iterable[JournaledEvent]) -> None:
+        """Write events in one transaction (one fsync: the group commit)."""
+        with self._lock, self._tx():
+            self._db.executemany(
+                "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)",
+                ((e.seq, e.event_id, e.run_id, e.kind, e.body) for e in events),
+            )
+
+    def delete(self, seqs: Iterable[int]) -> None:
+        with self._lock, self._tx():
+            self._db.executemany("DELETE FROM outbox WHERE seq = ?", ((s,) for s in seqs))
+
+    def bodies(self, seqs: list[int]) -> dict[int, bytes]:
+        with self._lock:
+            out: dict[int, bytes] = {}
+            for i in range(0, len(seqs), 500):
+                chunk = seqs[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                for seq, body in self._db.execute(
+                    f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk
+                ):
+                    out[int(seq)] = bytes(body)
+            return out
+
+    def pending(self) -> Iterator[tuple[int, str, str | None, str, int]]:
+        """(seq, event_id, run_id, kind, size) of every journaled event, oldest first, without bodies."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, event_id, run_id, kind, length(body) FROM outbox ORDER BY seq"
+            ).fetchall()
+        for seq, event_id, run_id, kind, size in rows:
+            yield int(seq), str(event_id), run_id, str(kind), int(size)
+
+    def has_terminal(self, run_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM outbox WHERE run_id = ? AND kind IN ('run.completed','run.failed','run.cancelled')",
+                (run_id,),
+            ).fetchone()
+        return row is not None
+
+    # -- commands -----------------------------------------------------------------------------------
+    def command(self, command_id: str) -> StoredCommand | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT command_id, seq, fingerprint, status, update_frame FROM commands WHERE command_id = ?",
+                (command_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return StoredCommand(
+            row[0], int(row[1]), row[2], row[3], bytes(row[4]) if row[4] is not None else None
+        )
+
+    def save_command(
+        self, command_id: str, seq: int, fingerprint: str, status: str, update_frame: bytes | None
+    ) -> None:
+        with self._lock, self._tx():
+            self._counter += 1
+            self._db.execute(
+                "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched) "
+                "VALUES(?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET status = excluded.status, "
+                "update_frame = excluded.update_frame, touched = excluded.touched",
+                (command_id, seq, fingerprint, status, update_frame, self._counter),
+            )
+            self._set_meta("touch_counter", self._counter)
+            if self._counter % 256 == 0:
+                self._db.execute(
+                    "DELETE FROM commands WHERE touched <= ? AND status IN ('completed','failed','cancelled')",
+                    (self._counter - COMMANDS_KEPT,),
+                )
+
+    def last_command_seq(self) -> int:
+        """The highest seq such that every command up to it has a terminal status (0 for none).
+
+        Commands are numbered from 1 by the CP; a gap (a seq never seen) stops the scan, because the
+        CP must resend that command. Pruned rows were terminal, so the scan may start above 1.
+        """
+        with self._lock:
+            rows = self._db.execute("SELECT seq, status FROM commands ORDER BY seq").fetchall()
+        last = 0
+        expected = None
+        for seq, status in rows:
+            seq = int(seq)
+            if expected is not None and seq != expected:
+                break
+            if status not in ("completed", "failed", "cancelled"):
+                break
+            last = seq
+            expected = seq + 1
+        return last
+
+    # -- runs ---------------------------------------------------------------------------------------
+    def run_started(self, run_id: str, command_id: str, started_at: str) -> None:
+        with self._lock, self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO runs(run_id, command_id, started_at) VALUES(?, ?, ?)",
+                (run_id, command_id, started_at),
+            )
+
+    def run_ended(self, run_id: str) -> None:
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
+    def active_runs(self) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = self._db.execute("SELECT run_id, command_id FROM runs ORDER BY started_at").fetchall()
+        return [(str(r), str(c)) for r, c in rows]
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
