@@ -1,0 +1,282 @@
+"""A newline-delimited JSON-RPC peer over a pair of byte streams (a provider's stdin/stdout).
+
+Shared by Codex app-server (which omits the "jsonrpc" field) and ACP agents ("jsonrpc": "2.0").
+Both sides send requests: our request ids and the peer's live in independent spaces (Codex numbers its
+own from 0, so they collide with ours), so a message is routed by its shape, never by its id: one with a
+"method" comes from the peer (a request if it has an "id", else a notification); anything else is a
+response to one of ours.
+
+Concurrency: `run()` is the read loop and owns a task group in which every incoming request is handled
+in its own task, so a handler that waits for a human (a permission) never blocks the reading of the
+next line. Notifications are handled inline, in arrival order (streamed deltas must stay ordered), so a
+notification handler should be quick; it may await backpressure. Writes are serialized with a lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
+
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800
+CANCEL_METHOD = "$/cancel_request"
+
+RequestHandler = Callable[[str, Any], Awaitable[Any]]
+NotificationHandler = Callable[[str, Any], Awaitable[None]]
+RequestId = int | str
+
+
+class JsonRpcError(Exception):
+    """An error answer: raised by `request()` when the peer answers one, and raised by an `on_request`
+    handler to answer the peer with one."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{message} (code {code})")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class PeerClosed(Exception):
+    """The peer's stream ended (or was closed for a protocol violation) before an answer arrived."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+class JsonRpcPeer:
+    def __init__(
+        self,
+        reader: anyio.abc.ByteReceiveStream,
+        writer: anyio.abc.ByteSendStream,
+        *,
+        name: str,
+        jsonrpc_version: str | None,
+        max_line_bytes: int = 64 * 1024 * 1024,
+        on_request: RequestHandler | None = None,
+        on_notification: NotificationHandler | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.name = name
+        self._version = jsonrpc_version
+        self._max_line = max_line_bytes
+        self._on_request = on_request
+        self._on_notification = on_notification
+        self._write_lock = anyio.Lock()
+        self._next_id = 0
+        self._pending: dict[RequestId, _Pending] = {}
+        self._incoming: dict[RequestId, anyio.CancelScope] = {}
+        self.closed = anyio.Event()
+        # Why the peer closed: None while open; "eof" on a clean end; a message after a violation.
+        self.close_reason: str | None = None
+        self.invalid_lines = 0
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _envelope(self) -> dict[str, Any]:
+        return {"jsonrpc": self._version} if self._version is not None else {}
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        data = _encoder.encode(message) + b"\n"
+        async with self._write_lock:
+            if self.closed.is_set():
+                raise PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
+            try:
+                await self._writer.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                raise PeerClosed(f"{self.name}: cannot write: {type(exc).__name__}") from exc
+
+    async def request(self, method: str, params: Any = None) -> Any:
+        """Send a request and wait for its answer. Raises JsonRpcError for an error answer and
+        PeerClosed if the peer goes away first."""
+        if self.closed.is_set():
+            raise PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
+        request_id = self._next_id
+        self._next_id += 1
+        pending = _Pending()
+        self._pending[request_id] = pending
+        message = self._envelope() | {"id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            await self._send(message)
+            await pending.done.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        message = self._envelope() | {"method": method}
+        if params is not None:
+            message["params"] = params
+        await self._send(message)
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read and dispatch until EOF (or a line over the limit). Then every pending request fails
+        with PeerClosed, running handlers are cancelled, and `closed` is set. Never raises for bad
+        input from the peer."""
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    await self._read_loop(tg)
+                finally:
+                    # Handlers of a closed peer cannot answer anyone.
+                    tg.cancel_scope.cancel()
+        finally:
+            self._close(self.close_reason or "eof")
+
+    def _close(self, reason: str) -> None:
+        if self.close_reason is None or self.close_reason == "eof":
+            self.close_reason = reason
+        self.closed.set()
+        for pending in list(self._pending.values()):
+            if not pending.done.is_set():
+                pending.error = PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
+                pending.done.set()
+
+    async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        buffer = bytearray()
+        scan_from = 0
+        while True:
+            newline = buffer.find(b"\n", scan_from)
+            if newline < 0:
+                if len(buffer) > self._max_line:
+                    self.close_reason = f"line exceeds the {self._max_line}-byte limit"
+                    log.error("jsonrpc.line_too_long", peer=self.name, limit=self._max_line)
+                    return
+                scan_from = len(buffer)
+                try:
+                    chunk = await self._reader.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    if buffer.strip():
+                        await self._dispatch_line(bytes(buffer), tg)
+                    self.close_reason = "eof"
+                    return
+                buffer += chunk
+                continue
+            line = bytes(buffer[:newline])
+            del buffer[: newline + 1]
+            scan_from = 0
+            if len(line) > self._max_line:
+                self.close_reason = f"line exceeds the {self._max_line}-byte limit"
+                log.error("jsonrpc.line_too_long", peer=self.name, limit=self._max_line)
+                return
+            if line.strip():
+                await self._dispatch_line(line, tg)
+
+    async def _dispatch_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            message = _decoder.decode(line)
+        except msgspec.DecodeError:
+            message = None
+        if not isinstance(message, dict):
+            self.invalid_lines += 1
+            log.warning("jsonrpc.invalid_line", peer=self.name, count=self.invalid_lines, head=line[:200])
+            return
+        method = message.get("method")
+        if isinstance(method, str):
+            if "id" in message and message["id"] is not None:
+                self._start_handler(message["id"], method, message.get("params"), tg)
+            elif method == CANCEL_METHOD:
+                self._cancel_incoming(message.get("params"))
+            else:
+                await self._handle_notification(method, message.get("params"))
+        elif "id" in message and ("result" in message or "error" in message):
+            self._resolve(message)
+        else:
+            self.invalid_lines += 1
+            log.warning("jsonrpc.unroutable", peer=self.name, head=line[:200])
+
+    def _resolve(self, message: dict[str, Any]) -> None:
+        pending = self._pending.get(message["id"])
+        if pending is None or pending.done.is_set():
+            log.warning("jsonrpc.unknown_response", peer=self.name, id=message["id"])
+            return
+        error = message.get("error")
+        if error is not None:
+            if isinstance(error, dict):
+                code = error.get("code")
+                pending.error = JsonRpcError(
+                    code if isinstance(code, int) else INTERNAL_ERROR,
+                    str(error.get("message", "")),
+                    error.get("data"),
+                )
+            else:
+                pending.error = JsonRpcError(INTERNAL_ERROR, str(error))
+        else:
+            pending.result = message.get("result")
+        pending.done.set()
+
+    async def _handle_notification(self, method: str, params: Any) -> None:
+        if self._on_notification is None:
+            return
+        try:
+            await self._on_notification(method, params)
+        except Exception:
+            # A bug in one handler must not kill the connection to the provider.
+            log.exception("jsonrpc.notification_handler_failed", peer=self.name, method=method)
+
+    def _cancel_incoming(self, params: Any) -> None:
+        target = params.get("id") if isinstance(params, dict) else None
+        if isinstance(target, int | str):
+            scope = self._incoming.get(target)
+            if scope is not None:
+                scope.cancel()
+
+    def _start_handler(self, request_id: Any, method: str, params: Any, tg: anyio.abc.TaskGroup) -> None:
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+            self.invalid_lines += 1
+            log.warning("jsonrpc.bad_request_id", peer=self.name, method=method)
+            return
+        scope = anyio.CancelScope()
+        self._incoming[request_id] = scope
+        tg.start_soon(self._handle_request, request_id, method, params, scope)
+
+    async def _handle_request(self, request_id: RequestId, method: str, params: Any, scope: anyio.CancelScope) -> None:
+        reply: dict[str, Any]
+        try:
+            with scope:
+                reply = {"result": await self._call_handler(method, params)}
+            if scope.cancelled_caught:
+                reply = {"error": {"code": REQUEST_CANCELLED, "message": "request cancelled"}}
+        except JsonRpcError as exc:
+            reply = {"error": {"code": exc.code, "message": exc.message}}
+            if exc.data is not None:
+                reply["error"]["data"] = exc.data
+        except Exception as exc:
+            log.exception("jsonrpc.request_handler_failed", peer=self.name, method=method)
+            reply = {"error": {"code": INTERNAL_ERROR, "message": f"internal error: {type(exc).__name__}"}}
+        finally:
+            self._incoming.pop(request_id, None)
+        try:
+            await self._send(self._envelope() | {"id": request_id, **reply})
+        except PeerClosed:
+            log.debug("jsonrpc.reply_dropped", peer=self.name, method=method)
+
+    async def _call_handler(self, method: str, params: Any) -> Any:
+        if self._on_request is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method}")
+        return await self._on_request(method, params)

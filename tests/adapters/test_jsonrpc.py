@@ -1,0 +1,175 @@
+"""JsonRpcPeer against a scripted peer subprocess (tests/adapters/rpc_peer.py) over real pipes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
+from driver.adapters.process import ProviderProcess
+
+PEER = str(Path(__file__).with_name("rpc_peer.py"))
+
+
+class Harness:
+    def __init__(self, process: ProviderProcess, peer: JsonRpcPeer) -> None:
+        self.process = process
+        self.peer = peer
+        self.notifications: list[tuple[str, Any]] = []
+
+
+@asynccontextmanager
+async def _open(
+    version: str | None,
+    on_request: Any = None,
+    max_line_bytes: int = 64 * 1024 * 1024,
+) -> AsyncIterator[Harness]:
+    env = {"RPC_VERSION": version or "", "PATH": "/usr/bin:/bin"}
+    process = await ProviderProcess.spawn([sys.executable, PEER], env=env, cwd=Path.cwd(), name="rpc-peer")
+    holder: list[Harness] = []
+
+    async def on_notification(method: str, params: Any) -> None:
+        holder[0].notifications.append((method, params))
+
+    peer = JsonRpcPeer(
+        process.stdout,
+        process.stdin,
+        name="rpc-peer",
+        jsonrpc_version=version,
+        max_line_bytes=max_line_bytes,
+        on_request=on_request,
+        on_notification=on_notification,
+    )
+    harness = Harness(process, peer)
+    holder.append(harness)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(peer.run)
+            yield harness
+            await process.terminate(grace=1.0)
+    finally:
+        await process.terminate(grace=1.0)
+
+
+async def test_request_response_without_jsonrpc_field() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10):
+            result = await h.peer.request("echo", {"a": 1})
+        assert result["params"] == {"a": 1}
+        assert "jsonrpc" not in result["raw"]
+        assert result["raw"]["id"] == 0
+
+
+async def test_jsonrpc_field_when_versioned() -> None:
+    async with _open("2.0") as h:
+        with anyio.fail_after(10):
+            result = await h.peer.request("echo")
+        assert result["raw"]["jsonrpc"] == "2.0"
+        assert "params" not in result["raw"]
+
+
+async def test_error_answer_raises() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10), pytest.raises(JsonRpcError) as info:
+            await h.peer.request("fail")
+        assert (info.value.code, info.value.message, info.value.data) == (-32000, "nope", {"x": 1})
+
+
+async def test_peer_request_with_colliding_id_is_routed_by_shape() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    async def on_request(method: str, params: Any) -> Any:
+        seen.append((method, params))
+        if method == "approve":
+            return {"decision": "accept"}
+        raise JsonRpcError(-32001, "refused", {"why": "test"})
+
+    async with _open(None, on_request) as h:
+        with anyio.fail_after(10):
+            # Our request gets id 0 and the peer's request uses id 0 too.
+            answer = await h.peer.request("ask", {"id": 0, "method": "approve", "params": {"k": "v"}})
+            assert answer == {"id": 0, "result": {"decision": "accept"}}
+            answer = await h.peer.request("ask", {"id": "str-id", "method": "other"})
+            assert answer["id"] == "str-id"
+            assert answer["error"] == {"code": -32001, "message": "refused", "data": {"why": "test"}}
+        assert seen == [("approve", {"k": "v"}), ("other", None)]
+
+
+async def test_unknown_method_without_handler_is_method_not_found() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10):
+            answer = await h.peer.request("ask", {"id": 7, "method": "whatever"})
+        assert answer["id"] == 7
+        assert answer["error"]["code"] == -32601
+
+
+async def test_blocked_handler_does_not_block_reads_and_cancel_request_answers_32800() -> None:
+    blocked = anyio.Event()
+
+    async def on_request(method: str, params: Any) -> Any:
+        if method == "block":
+            blocked.set()
+            await anyio.sleep_forever()
+        return "quick answer"
+
+    async with _open(None, on_request) as h:
+        with anyio.fail_after(10):
+            answer = await h.peer.request("ask_two")
+        assert blocked.is_set()
+        assert answer["fast"] == {"id": "fast", "result": "quick answer"}
+        assert answer["slow"]["id"] == "slow"
+        assert answer["slow"]["error"]["code"] == -32800
+
+
+async def test_notifications_arrive_in_order() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10):
+            assert await h.peer.request("ticks", {"count": 50}) == "ticked"
+        assert [p["i"] for m, p in h.notifications if m == "tick"] == list(range(50))
+
+
+async def test_invalid_lines_are_counted_not_fatal() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10):
+            assert await h.peer.request("garbage") == "after garbage"
+            assert await h.peer.request("echo", 1) is not None
+        assert h.peer.invalid_lines == 2
+        assert not h.peer.closed.is_set()
+
+
+async def test_line_over_limit_closes_with_clear_error() -> None:
+    async with _open(None, max_line_bytes=1000) as h:
+        with anyio.fail_after(10), pytest.raises(PeerClosed, match="1000-byte limit"):
+            await h.peer.request("big", {"size": 5000})
+        assert h.peer.closed.is_set()
+        with pytest.raises(PeerClosed):
+            await h.peer.request("echo")
+
+
+async def test_pending_request_fails_when_peer_exits() -> None:
+    async with _open(None) as h:
+        with anyio.fail_after(10), pytest.raises(PeerClosed, match="eof"):
+            await h.peer.request("exit", {"code": 4})
+        with anyio.fail_after(10):
+            assert await h.process.wait() == 4
+        assert "peer exiting on request" in h.process.stderr_tail()
+
+
+async def test_concurrent_requests_are_matched_by_id() -> None:
+    async with _open(None) as h:
+        results: dict[int, Any] = {}
+
+        async def one(i: int) -> None:
+            results[i] = (await h.peer.request("echo", {"i": i}))["params"]["i"]
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(one, i)
+        assert results == {i: i for i in range(20)}
