@@ -92,6 +92,7 @@ def test_tool_call_then_done_keys_off_the_tool_result() -> None:
 
 def test_tool_use_streams_its_input_as_json_deltas(fake: FakeAnthropic) -> None:
     status, raw = _post(fake, "/v1/messages", {"model": "m", "stream": True, "messages": [_user("[[shell:ls -la]]")]})
+    assert status == 200
     events = _sse(raw)
     start = next(d for n, d in events if n == "content_block_start")
     assert start["content_block"]["type"] == "tool_use" and start["content_block"]["name"] == "Bash"
