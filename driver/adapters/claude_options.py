@@ -1,0 +1,168 @@
+"""How the Claude Agent SDK is configured from an execution snapshot: environment, MCP servers,
+system prompt, the launcher script, and the recovery preamble. Plain functions with no SDK import, so
+they are testable without starting anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from driver.protocol.boot import ExecutionConfig, McpServer, RecoveryMessage
+
+RUNTIME = "claude-agent-sdk"
+
+# Options the adapter owns: the permission policy, the session and the plumbing must not be
+# overridden by provider_options, or `full_access` / `supervised` would stop meaning what they say.
+RESERVED_OPTIONS: frozenset[str] = frozenset(
+    {
+        "permission_mode",
+        "can_use_tool",
+        "cwd",
+        "env",
+        "resume",
+        "session_id",
+        "stderr",
+        "cli_path",
+        "include_partial_messages",
+        "continue_conversation",
+        "fork_session",
+    }
+)
+
+
+def provider_environment(base: Mapping[str, str], state_dir: Path) -> dict[str, str]:
+    """The CLI's environment: the kernel's filtered base plus the switches that keep it offline and
+    its state under `state_dir`. Values already in `base` (i.e. chosen by the execution) win."""
+    env = dict(base)
+    env.setdefault("HOME", str(state_dir / "home"))
+    # Config, sessions (needed for resume) and caches live with the session, not in a shared home.
+    env.setdefault("CLAUDE_CONFIG_DIR", str(state_dir / "claude-config"))
+    # Stops telemetry, update checks, feedback surveys: the CLI then only calls /v1/messages.
+    env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+    env.setdefault("DISABLE_AUTOUPDATER", "1")
+    # One quick retry for a transient 5xx; more would hide a broken endpoint behind long backoffs.
+    env.setdefault("CLAUDE_CODE_MAX_RETRIES", "1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # As root the CLI refuses bypassPermissions unless it is told it runs in a sandbox.
+        env.setdefault("IS_SANDBOX", "1")
+    return env
+
+
+def mcp_servers(
+    servers: Iterable[McpServer], environment: Mapping[str, str]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """PROTOCOL §6.3 entries in the SDK's native form. Header values come from
+    `execution.environment` at start and are only ever passed in memory. Returns the servers and
+    the problems found (names of missing variables, never their values)."""
+    native: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for server in servers:
+        if server.transport == "http":
+            headers: dict[str, str] = {}
+            for header, var in server.headers_from_env.items():
+                if var in environment:
+                    headers[header] = environment[var]
+                else:
+                    problems.append(f"mcp server {server.name!r}: header {header} needs ${var}, which is not set")
+            entry: dict[str, Any] = {"type": "http", "url": server.url or ""}
+            if headers:
+                entry["headers"] = headers
+            native[server.name] = entry
+        else:
+            if not server.command:
+                problems.append(f"mcp server {server.name!r}: stdio transport without a command")
+                continue
+            native[server.name] = {
+                "type": "stdio",
+                "command": server.command[0],
+                "args": list(server.command[1:]),
+                "env": dict(server.env),
+            }
+    return native, problems
+
+
+def system_prompt(execution: ExecutionConfig) -> str | dict[str, str]:
+    """An empty prompt means "the provider's own": Claude Code's preset, which teaches the model its
+    tools. A non-empty one replaces it, as the execution snapshot asks."""
+    if execution.system_prompt:
+        return execution.system_prompt
+    return {"type": "preset", "preset": "claude_code"}
+
+
+def bundled_cli() -> Path | None:
+    """The Claude Code binary shipped inside the SDK wheel, else one on PATH."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    if spec is not None and spec.origin:
+        candidate = Path(spec.origin).parent / "_bundled" / "claude"
+        if candidate.is_file():
+            return candidate
+    found = shutil.which("claude")
+    return Path(found) if found else None
+
+
+def write_launcher(state_dir: Path, cli: Path, keep: Iterable[str], parent: Mapping[str, str]) -> Path | None:
+    """Write a tiny launcher the SDK runs instead of the CLI.
+
+    Why: the SDK spawns the CLI in the driver's own process group and passes it the driver's whole
+    environment. The launcher fixes both: `env -u` drops every inherited variable the provider
+    environment does not list (names only appear in the script, never values), and `setsid` gives the
+    CLI its own process group (it execs without forking, as the CLI is not a group leader), which
+    the kernel can kill on escalation without killing itself. Returns None when `setsid` is missing.
+    """
+    setsid = shutil.which("setsid")
+    env_bin = shutil.which("env")
+    if setsid is None or env_bin is None:
+        return None
+    keep_set = set(keep)
+    drop = sorted(name for name in parent if name not in keep_set and _is_env_name(name))
+    unset = " ".join(f"-u {shlex.quote(name)}" for name in drop)
+    script = (
+        "#!/bin/sh\n"
+        "# Generated by agent-driver: drop inherited variables, own process group, then the real CLI.\n"
+        f'exec {shlex.quote(env_bin)} {unset} {shlex.quote(setsid)} {shlex.quote(str(cli))} "$@"\n'
+    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "claude-launcher.sh"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o700)
+    tmp.replace(path)
+    return path
+
+
+def _is_env_name(name: str) -> bool:
+    return bool(name) and "=" not in name and "\0" not in name
+
+
+def recovery_preamble(messages: Iterable[RecoveryMessage]) -> str:
+    """Context prepended to the first prompt after a failed resume, so the model still knows what
+    was said before (PROTOCOL §7)."""
+    lines = [f"[{m.role}]: {m.text}" for m in messages]
+    if not lines:
+        return ""
+    return (
+        "<previous_conversation>\n"
+        "The earlier conversation of this session could not be restored; here it is for context.\n"
+        + "\n".join(lines)
+        + "\n</previous_conversation>\n\n"
+    )
+
+
+def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
+    """A function that masks every secret value (of a useful length) in a text."""
+    values = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for value in values:
+            if value in text:
+                text = text.replace(value, "***")
+        return text
+
+    return redact

@@ -1,0 +1,257 @@
+"""Contract tests of the Claude adapter: the REAL Claude Code CLI (bundled with claude-agent-sdk),
+driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the model is faked."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
+from driver.adapters.claude import ClaudeAdapter
+from driver.adapters.environment import provider_env
+from driver.protocol.boot import ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.commands import RunInput
+from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, FakeAnthropic
+from driver.testing.ports import RecordingEvents, ScriptedPermissions, recording_ports, reject_first
+
+pytestmark = pytest.mark.provider
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "sk-ant-fake-key-for-tests"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as server:
+        yield server
+
+
+class Harness:
+    def __init__(self, fake: FakeAnthropic, root: Path) -> None:
+        self.fake = fake
+        self.root = root
+        self.cwd = root / "work"
+        self.cwd.mkdir(exist_ok=True)
+        self.state = root / "state"  # shared by the adapters of one test, so resume finds its session
+        self.adapters: list[ClaudeAdapter] = []
+
+    def adapter(
+        self,
+        policy: str = "supervised",
+        *,
+        permissions: ScriptedPermissions | None = None,
+        native_resume: NativeResume | None = None,
+        recovery: list[RecoveryMessage] | None = None,
+    ) -> tuple[ClaudeAdapter, RecordingEvents, ScriptedPermissions]:
+        environment = {"ANTHROPIC_BASE_URL": self.fake.base_url, "ANTHROPIC_API_KEY": API_KEY}
+        execution = ExecutionConfig(
+            revision="rev-1",
+            runtime="claude-agent-sdk",
+            model="claude-sonnet-4-5",
+            permission_policy=policy,  # type: ignore[arg-type]
+            environment=environment,
+            native_resume=native_resume,
+            recovery_messages=recovery or [],
+        )
+        session = SessionConfig(
+            id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(self.cwd), state_dir=str(self.state)
+        )
+        config = AdapterConfig(
+            session=session,
+            execution=execution,
+            state_dir=self.state / "claude",
+            project_root=PROJECT_ROOT,
+            env=provider_env(environment, home=str(self.state / "home")),
+        )
+        ports, events, perms = recording_ports(self.cwd, permissions)
+        adapter = ClaudeAdapter(config, ports)
+        self.adapters.append(adapter)
+        return adapter, events, perms
+
+
+@pytest.fixture
+async def harness(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(fake, tmp_path)
+    try:
+        yield h
+    finally:
+        for adapter in h.adapters:
+            await adapter.stop()
+
+
+def _prompts(fake: FakeAnthropic, marker: str) -> list[dict[str, Any]]:
+    return [r for r in fake.requests if marker in str(r.get("messages"))]
+
+
+async def _run(adapter: ClaudeAdapter, run_id: str, text: str, timeout: float = 30) -> TurnOutcome:
+    with anyio.fail_after(timeout):
+        return await adapter.run(run_id, RunInput(text=text))
+
+
+async def test_plain_text_turn(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    started = time.monotonic()
+    await adapter.start()
+    pgids = adapter.process_group_ids()
+    # The CLI runs in a process group of its own, never the driver's.
+    assert len(pgids) == 1 and pgids[0] != os.getpgrp()
+
+    outcome = await _run(adapter, "run-1", "hello there")
+    print(f"start to turn end: {time.monotonic() - started:.3f}s (connect {adapter.connect_seconds:.3f}s)")
+
+    assert outcome.status == "completed"
+    assert outcome.final_message_text == DEFAULT_TEXT
+    completed = events.of("message.completed")
+    assert [m["text"] for m in completed] == [DEFAULT_TEXT]
+    assert outcome.final_message_id == completed[0]["message_id"]
+    deltas = events.of("message.delta")
+    assert len(deltas) > 1 and "".join(d["text"] for d in deltas) == DEFAULT_TEXT
+    kinds = events.kinds()
+    assert kinds.index("message.started") < kinds.index("message.delta") < kinds.index("message.completed")
+    usage = events.of("usage.updated")[-1]
+    assert usage["input_tokens"] and usage["input_tokens"] > 0 and usage["output_tokens"]
+    assert outcome.usage == usage
+    resume = events.of("runtime.resume.updated")
+    assert len(resume) == 1 and resume[0]["runtime"] == "claude-agent-sdk"
+    assert resume[0]["value"] == adapter.native_id
+    assert "runtime.session.reset" not in kinds
+    # Offline: the CLI called nothing but /v1/messages, and carried the execution's key.
+    assert harness.fake.other_requests == []
+    assert _prompts(harness.fake, "hello there")
+
+    await adapter.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgids[0], 0)
+    assert adapter.process_group_ids() == []
+
+
+async def test_full_access_runs_tools_without_asking(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter("full_access")
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[shell:echo made > full.txt]]")
+    assert outcome.status == "completed" and outcome.final_message_text == "shell done"
+    assert perms.requests == []
+    assert (harness.cwd / "full.txt").read_text() == "made\n"
+    [tool] = events.of("tool.completed")
+    assert tool["status"] == "completed"
+
+
+async def test_supervised_tool_call_allowed(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter()
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[write:notes/allowed.txt:written by claude]]")
+
+    assert outcome.status == "completed" and outcome.final_message_text == "write done"
+    [request] = perms.requests
+    assert request.tool_name == "Write"
+    assert {o.kind for o in request.options} >= {"allow_once", "reject_once"}
+    [started] = events.of("tool.started")
+    assert started["tool_call_id"] == request.tool_call_id and started["name"] == "Write"
+    [done] = events.of("tool.completed")
+    assert done["tool_call_id"] == request.tool_call_id and done["status"] == "completed"
+    assert (harness.cwd / "notes" / "allowed.txt").read_text() == "written by claude"
+    kinds = events.kinds()
+    assert kinds.index("tool.started") < kinds.index("tool.completed")
+
+
+async def test_supervised_tool_call_denied(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter(permissions=ScriptedPermissions(reject_first))
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[write:denied.txt:must not exist]]")
+
+    assert len(perms.requests) == 1
+    [done] = events.of("tool.completed")
+    assert done["status"] == "declined"
+    assert done["tool_call_id"] == perms.requests[0].tool_call_id
+    assert not (harness.cwd / "denied.txt").exists()
+    assert outcome.status == "completed"
+    assert outcome.final_message_text == "write done"  # the fake answers any tool result the same way
+
+
+async def test_cancel_mid_stream_then_next_turn_works(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    result: list[TurnOutcome] = []
+
+    async def turn() -> None:
+        result.append(await adapter.run("run-1", RunInput(text="[[slow]]")))
+
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(turn)
+            await events.wait_for("message.delta")
+            asked = time.monotonic()
+            await adapter.cancel()
+    elapsed = time.monotonic() - asked
+    print(f"cancel to outcome: {elapsed:.3f}s")
+
+    [outcome] = result
+    assert outcome.status == "cancelled" and outcome.stop_reason == "cancelled"
+    assert elapsed < 3  # the slow stream would run ~20 s
+    started = {m["message_id"] for m in events.of("message.started")}
+    assert started == {m["message_id"] for m in events.of("message.completed")}
+
+    again = await _run(adapter, "run-2", "[[say:still alive]]")
+    assert again.status == "completed" and again.final_message_text == "still alive"
+
+
+async def test_model_error_fails_the_turn_with_the_model_message(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    try:
+        outcome = await _run(adapter, "run-1", "[[error]]")
+    except ProviderError as exc:
+        message = exc.message
+    else:
+        assert outcome.status == "failed"
+        assert outcome.error_code == "provider.model_error"
+        message = outcome.error_message or ""
+    assert ERROR_MESSAGE in message
+    assert API_KEY not in message
+    # The synthetic "API Error" text is an error, not an assistant answer.
+    assert events.of("message.completed") == []
+
+
+async def test_resume_by_session_id(harness: Harness) -> None:
+    first, first_events, _ = harness.adapter()
+    await first.start()
+    outcome = await _run(first, "run-1", "remember the word pineapple [[say:noted]]")
+    assert outcome.final_message_text == "noted"
+    session_id = first_events.of("runtime.resume.updated")[0]["value"]
+    await first.stop()
+
+    second, events, _ = harness.adapter(native_resume=NativeResume(runtime="claude-agent-sdk", value=session_id))
+    await second.start()
+    assert second.native_id == session_id
+    outcome = await _run(second, "run-2", "what was the word? [[say:pineapple]]")
+    assert outcome.status == "completed"
+    # The CLI sent the earlier conversation along with the new prompt: the session really resumed.
+    [request] = _prompts(harness.fake, "what was the word?")
+    assert "remember the word pineapple" in str(request["messages"])
+    assert "runtime.session.reset" not in events.kinds()
+
+
+async def test_bogus_resume_starts_fresh_and_replays_recovery(harness: Harness) -> None:
+    bogus = "00000000-0000-4000-8000-000000000000"
+    recovery = [
+        RecoveryMessage(role="user", text="my favourite colour is teal"),
+        RecoveryMessage(role="assistant", text="noted, teal"),
+    ]
+    adapter, events, _ = harness.adapter(
+        native_resume=NativeResume(runtime="claude-agent-sdk", value=bogus), recovery=recovery
+    )
+    await adapter.start()
+    [reset] = events.of("runtime.session.reset")
+    assert reset["previous"] == bogus and reset["current"] and reset["current"] != bogus
+
+    outcome = await _run(adapter, "run-1", "which colour? [[say:teal]]")
+    assert outcome.status == "completed"
+    [request] = _prompts(harness.fake, "which colour?")
+    assert "my favourite colour is teal" in str(request["messages"])
+    assert events.of("runtime.resume.updated")[-1]["value"] == reset["current"]
