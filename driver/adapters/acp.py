@@ -1,0 +1,580 @@
+"""The `acp` runtime: we are the Agent Client Protocol client of an agent process.
+
+The agent is `execution.acp.command` (argv) with `execution.acp.env` on top of the provider
+environment. We speak ACP v1 (JSON-RPC 2.0, one JSON object per line) over its stdin/stdout:
+`initialize` → (`authenticate` when asked) → `session/new` or `session/load` → one `session/prompt`
+per run, streaming `session/update` notifications that `AcpTurn` maps onto our events.
+
+The agent calls us back for permissions, files and terminals; each incoming request runs in its own
+task (the JSON-RPC peer does that), so a permission waiting for a human never stalls the stream.
+
+Permission policy. ACP has no standard "never ask" switch; agents expose session modes instead. We
+pick a mode by well-known id (`provider_options.mode` overrides): under `full_access` the first of
+FULL_ACCESS_MODES the agent offers, under `supervised` the first of SUPERVISED_MODES (Claude's agent
+defaults to `auto`, which decides by itself). If a `full_access` agent asks anyway, we allow by
+option kind without bothering the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+import msgspec
+import structlog
+
+from driver.adapters import acp_fs
+from driver.adapters import acp_models as m
+from driver.adapters.acp_terminal import TerminalError, TerminalManager
+from driver.adapters.acp_turn import AcpTurn, Emit
+from driver.adapters.base import (
+    Adapter,
+    AdapterConfig,
+    PermissionDecision,
+    PermissionOption,
+    PermissionRequest,
+    Ports,
+    ProviderError,
+    TurnOutcome,
+)
+from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
+from driver.adapters.process import ProviderProcess
+from driver.protocol.commands import RunInput
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+FULL_ACCESS_MODES: tuple[str, ...] = ("bypassPermissions", "full-access", "yolo")
+SUPERVISED_MODES: tuple[str, ...] = ("default",)
+ALLOW_KINDS: tuple[str, ...] = ("allow_once", "allow_always")
+REJECT_KINDS: tuple[str, ...] = ("reject_once", "reject_always")
+OPTION_KINDS: frozenset[str] = frozenset(ALLOW_KINDS + REJECT_KINDS)
+FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
+CANCELLED_OUTCOME: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
+
+
+class AcpAdapter(Adapter):
+    runtime: ClassVar[str] = "acp"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "file_change"}
+    )
+    # Seconds for the agent to answer initialize / session setup (a Node agent cold-starts in ~2 s).
+    start_timeout: float = 60.0
+    # Seconds between SIGTERM and SIGKILL in stop().
+    stop_grace: float = 3.0
+
+    def __init__(self, config: AdapterConfig, ports: Ports) -> None:
+        super().__init__(config, ports)
+        self._proc: ProviderProcess | None = None
+        self._peer: JsonRpcPeer | None = None
+        self._peer_task: asyncio.Task[None] | None = None
+        self._terminals: TerminalManager | None = None
+        self._session_id: str | None = None
+        self.agent: m.InitializeResult | None = None
+        self._turn: AcpTurn | None = None
+        self._cancel_requested = False
+        self._permission_scopes: set[anyio.CancelScope] = set()
+        self._recovery_pending: list[tuple[str, str]] = []
+        self._cwd = Path(config.session.cwd).resolve()
+        # Counts of session/update variants we did not understand, for diagnostics.
+        self.unknown_updates: dict[str, int] = {}
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def native_id(self) -> str | None:
+        return self._session_id
+
+    def process_group_ids(self) -> list[int]:
+        groups = [self._proc.pgid] if self._proc is not None and not self._proc.exited.is_set() else []
+        if self._terminals is not None:
+            groups.extend(self._terminals.process_group_ids())
+        return groups
+
+    def _env(self) -> dict[str, str]:
+        acp = self.config.execution.acp
+        return {**self.config.env, **(acp.env if acp else {})}
+
+    def _argv(self, env: dict[str, str]) -> list[str]:
+        acp = self.config.execution.acp
+        if acp is None:
+            raise ProviderError("provider.config", "execution.acp.command is required for the acp runtime")
+        argv = list(acp.command)
+        exe = argv[0]
+        if "/" in exe:
+            # A relative path is relative to the project (where node_modules lives), not to cwd.
+            argv[0] = str(Path(exe) if os.path.isabs(exe) else self.config.project_root / exe)
+        else:
+            search = os.pathsep.join(
+                [env.get("PATH", os.defpath), str(self.config.project_root / "node_modules" / ".bin")]
+            )
+            found = shutil.which(exe, path=search)
+            if found is None:
+                raise ProviderError("provider.missing", f"acp agent executable not found: {exe}")
+            argv[0] = found
+        return argv
+
+    async def start(self) -> None:
+        env = self._env()
+        argv = self._argv(env)
+        proc = await ProviderProcess.spawn(argv, env=env, cwd=self._cwd, name=f"acp:{Path(argv[0]).name}")
+        self._proc = proc
+        self._peer = JsonRpcPeer(
+            proc.stdout,
+            proc.stdin,
+            name=proc.name,
+            jsonrpc_version="2.0",
+            on_request=self._on_request,
+            on_notification=self._on_notification,
+        )
+        self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
+        self._terminals = TerminalManager(env=env, default_cwd=self._cwd)
+        try:
+            with anyio.fail_after(self.start_timeout):
+                await self._open_session()
+        except TimeoutError:
+            raise ProviderError(
+                "provider.start_timeout",
+                f"acp agent did not finish starting within {self.start_timeout:g} s",
+                retryable=True,
+                details={"stderr_tail": proc.stderr_tail()},
+            ) from None
+
+    async def _open_session(self) -> None:
+        init = await self._call(
+            "initialize",
+            {
+                "protocolVersion": m.PROTOCOL_VERSION,
+                "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True},
+                "clientInfo": {"name": "agent-driver", "version": "0.1.0"},
+            },
+        )
+        self.agent = self._decode(init, m.InitializeResult, "initialize")
+        resume = self.config.execution.native_resume
+        if resume is not None and resume.runtime == self.runtime:
+            if self.agent.agent_capabilities.load_session and await self._load_session(resume.value):
+                return
+            current = await self._new_session()
+            log.info("acp.session_reset", previous=resume.value, current=current)
+            self._recovery_pending = [(r.role, r.text) for r in self.config.execution.recovery_messages]
+            await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": current})
+        else:
+            await self._new_session()
+
+    def _session_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"cwd": str(self._cwd), "mcpServers": self._mcp_servers()}
+        extra = list(self.config.session.additional_directories)
+        if self.config.session.memory_dir:
+            extra.append(self.config.session.memory_dir)
+        assert self.agent is not None
+        if extra and self.agent.agent_capabilities.session_capabilities.additional_directories is not None:
+            params["additionalDirectories"] = extra
+        return params
+
+    async def _new_session(self) -> str:
+        params = self._session_params()
+        try:
+            raw = await self._call("session/new", params)
+        except JsonRpcError as exc:
+            if exc.code != m.AUTH_REQUIRED:
+                raise ProviderError("provider.start_failed", f"session/new failed: {exc.message}") from None
+            await self._authenticate()
+            raw = await self._call("session/new", params)
+        result = self._decode(raw, m.NewSessionResult, "session/new")
+        await self._session_opened(result.session_id, result.modes)
+        return result.session_id
+
+    async def _load_session(self, session_id: str) -> bool:
+        # Updates replaying the history arrive before the answer; with no turn active they are dropped.
+        try:
+            raw = await self._call("session/load", {**self._session_params(), "sessionId": session_id})
+        except JsonRpcError as exc:
+            log.info("acp.load_failed", session_id=session_id, code=exc.code, error=exc.message)
+            return False
+        result = self._decode(raw or {}, m.LoadSessionResult, "session/load")
+        await self._session_opened(session_id, result.modes)
+        return True
+
+    async def _session_opened(self, session_id: str, modes: m.SessionModeState | None) -> None:
+        self._session_id = session_id
+        await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
+        await self._apply_mode(modes)
+        options = self.config.execution.provider_options.get("config_options") or {}
+        for config_id, value in dict(options).items():
+            await self._try_call(
+                "session/set_config_option", {"sessionId": session_id, "configId": config_id, "value": value}
+            )
+
+    async def _apply_mode(self, modes: m.SessionModeState | None) -> None:
+        if modes is None:
+            return
+        available = [mode.id for mode in modes.available_modes]
+        wanted = self.config.execution.provider_options.get("mode")
+        if not isinstance(wanted, str):
+            preferred = (
+                FULL_ACCESS_MODES if self.config.execution.permission_policy == "full_access" else SUPERVISED_MODES
+            )
+            wanted = next((mode for mode in preferred if mode in available), None)
+        if wanted and wanted != modes.current_mode_id:
+            await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
+
+    async def _authenticate(self) -> None:
+        assert self.agent is not None
+        env = self._env()
+        env_methods = [a for a in self.agent.auth_methods if a.type == "env_var"]
+        for method in env_methods:
+            if method.vars and all(env.get(v.name) for v in method.vars):
+                try:
+                    await self._call("authenticate", {"methodId": method.id})
+                except JsonRpcError as exc:
+                    raise ProviderError(
+                        "provider.auth_failed", f"authenticate with {method.id!r} failed: {exc.message}"
+                    ) from None
+                return
+        wanted = sorted({v.name for a in env_methods for v in a.vars})
+        hint = (
+            f"set one of {', '.join(wanted)} in execution.environment"
+            if wanted
+            else "it offers no environment-variable method (" + ", ".join(a.id for a in self.agent.auth_methods) + ")"
+        )
+        raise ProviderError("provider.auth_required", f"the acp agent requires authentication: {hint}")
+
+    def _mcp_servers(self) -> list[dict[str, Any]]:
+        """PROTOCOL §6.3 entries in ACP's shapes; header values come from execution.environment."""
+        environment = self.config.execution.environment
+        servers: list[dict[str, Any]] = []
+        for server in self.config.execution.mcp_servers:
+            if server.transport == "stdio":
+                servers.append(
+                    {
+                        "name": server.name,
+                        "command": server.command[0] if server.command else "",
+                        "args": server.command[1:],
+                        "env": [{"name": k, "value": v} for k, v in server.env.items()],
+                    }
+                )
+                continue
+            headers = []
+            for header, var in server.headers_from_env.items():
+                if var in environment:
+                    headers.append({"name": header, "value": environment[var]})
+                else:
+                    log.warning("acp.mcp_header_missing", server=server.name, header=header, variable=var)
+            servers.append({"type": "http", "name": server.name, "url": server.url or "", "headers": headers})
+        return servers
+
+    async def reset(self) -> tuple[str | None, str | None]:
+        previous = self._session_id
+        current = await self._new_session()
+        return previous, current
+
+    async def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        terminals, self._terminals = self._terminals, None
+        task, self._peer_task = self._peer_task, None
+        self._peer = None
+        for scope in list(self._permission_scopes):
+            scope.cancel()
+        with anyio.CancelScope(shield=True):
+            if terminals is not None:
+                await terminals.close()
+            if proc is not None:
+                # codex-acp does not exit on stdin EOF: terminate() closes stdin, SIGTERMs, then SIGKILLs.
+                await proc.terminate(grace=self.stop_grace)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # ---- one turn ---------------------------------------------------------------------------
+
+    async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
+        if self._session_id is None or self._peer is None:
+            raise ProviderError("provider.not_started", "the acp agent has no open session")
+        if self._turn is not None:
+            raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
+        turn = AcpTurn(run_id)
+        self._turn = turn
+        self._cancel_requested = False
+        prompt = self._prompt_blocks(run_input)
+        try:
+            try:
+                raw = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+            except JsonRpcError as exc:
+                await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
+                if self._cancel_requested:
+                    return self._outcome(turn, "cancelled")
+                return TurnOutcome(
+                    status="failed",
+                    stop_reason="error",
+                    final_message_id=turn.final_message_id,
+                    final_message_text=turn.final_message_text,
+                    error_code="provider.error",
+                    error_message=f"session/prompt failed: {exc.message}",
+                    error_details={"code": exc.code},
+                )
+            except ProviderError:
+                await self._emit_all(turn.finish("failed"))
+                raise
+            self._recovery_pending = []
+            result = self._decode(raw, m.PromptResult, "session/prompt")
+            if result.usage is not None:
+                await self._emit_all(turn.prompt_usage(result.usage))
+            stop = "cancelled" if self._cancel_requested else result.stop_reason
+            await self._emit_all(turn.finish(stop))
+            return self._outcome(turn, stop)
+        finally:
+            self._turn = None
+            if turn.unknown_updates:
+                for variant, count in turn.unknown_updates.items():
+                    self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
+                log.info("acp.unknown_updates", counts=dict(turn.unknown_updates))
+
+    def _outcome(self, turn: AcpTurn, stop: str) -> TurnOutcome:
+        common: dict[str, Any] = {
+            "final_message_id": turn.final_message_id,
+            "final_message_text": turn.final_message_text,
+            "usage": turn.usage,
+        }
+        if stop == "cancelled":
+            return TurnOutcome(status="cancelled", stop_reason="cancelled", **common)
+        if stop in FAILED_STOP_REASONS:
+            return TurnOutcome(
+                status="failed",
+                stop_reason=stop,
+                error_code=stop,
+                error_message=f"the agent stopped the turn: {stop}",
+                **common,
+            )
+        if stop != "end_turn":
+            log.warning("acp.unknown_stop_reason", stop_reason=stop)
+        return TurnOutcome(status="completed", stop_reason=stop, **common)
+
+    def _prompt_blocks(self, run_input: RunInput) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = []
+        if self._recovery_pending:
+            lines = [
+                "Context: the earlier conversation of this session could not be resumed natively. "
+                "Here it is, for reference:"
+            ]
+            lines.extend(f"{role}: {text}" for role, text in self._recovery_pending)
+            blocks.append({"type": "text", "text": "\n".join(lines)})
+        blocks.append({"type": "text", "text": run_input.text})
+        for attachment in run_input.attachments:
+            # The kernel downloads attachments into cwd/inputs/ before the run.
+            path = self._cwd / "inputs" / attachment.name
+            blocks.append({"type": "resource_link", "name": attachment.name, "uri": path.as_uri()})
+        return blocks
+
+    async def cancel(self) -> None:
+        if self._turn is None:
+            return
+        self._cancel_requested = True
+        for scope in list(self._permission_scopes):
+            scope.cancel()
+        if self._peer is not None and self._session_id is not None:
+            with contextlib.suppress(PeerClosed):
+                await self._peer.notify("session/cancel", {"sessionId": self._session_id})
+
+    # ---- agent → client ---------------------------------------------------------------------
+
+    async def _on_notification(self, method: str, params: Any) -> None:
+        if method != "session/update":
+            log.debug("acp.notification_ignored", method=method)
+            return
+        try:
+            note = m.decode(params, m.SessionNotification)
+        except msgspec.ValidationError as exc:
+            log.warning("acp.bad_update", error=str(exc))
+            return
+        turn = self._turn
+        if turn is None or note.session_id != self._session_id:
+            return  # history replayed by session/load, or late updates after the turn ended
+        await self._emit_all(turn.feed(note.update))
+
+    async def _on_request(self, method: str, params: Any) -> Any:
+        if method == "session/request_permission":
+            return await self._request_permission(self._decode_params(params, m.RequestPermissionParams))
+        if method == "fs/read_text_file":
+            content = await acp_fs.read_text_file(self.ports.files, self._decode_params(params, m.ReadTextFileParams))
+            return {"content": content}
+        if method == "fs/write_text_file":
+            written = await acp_fs.write_text_file(self.ports.files, self._decode_params(params, m.WriteTextFileParams))
+            await self.ports.emit(
+                "file.changed",
+                {
+                    "path": acp_fs.relative_to_cwd(written.path, self._cwd),
+                    "change": "created" if written.created else "modified",
+                    "sha256": written.sha256,
+                },
+            )
+            return {}
+        if method.startswith("terminal/"):
+            return await self._terminal(method, params)
+        raise JsonRpcError(m.METHOD_NOT_FOUND, f"method not found: {method}")
+
+    async def _request_permission(self, req: m.RequestPermissionParams) -> dict[str, Any]:
+        call = req.tool_call
+        turn = self._turn
+        if turn is None or self._cancel_requested:
+            return CANCELLED_OUTCOME
+        await self._emit_all(turn.announce_tool(call))
+        offered = [o for o in req.options if o.kind in OPTION_KINDS]
+        if self.config.execution.permission_policy == "full_access":
+            chosen = _pick(offered, ALLOW_KINDS)
+            log.info("acp.permission_auto_allowed", tool_call_id=call.tool_call_id, allowed=chosen is not None)
+            return _selected(chosen) if chosen else CANCELLED_OUTCOME
+        request = PermissionRequest(
+            tool_call_id=call.tool_call_id,
+            title=call.title or call.kind or "permission requested",
+            options=tuple(PermissionOption(o.option_id, o.kind, o.name) for o in offered),  # type: ignore[arg-type]
+            tool_name=call.kind or "",
+            tool_input=call.raw_input,
+        )
+        decision: PermissionDecision | None = None
+        with anyio.CancelScope() as scope:
+            self._permission_scopes.add(scope)
+            try:
+                decision = await self.ports.permissions.request(request)
+            finally:
+                self._permission_scopes.discard(scope)
+        if decision is None or decision.outcome == "cancelled" or self._cancel_requested:
+            return CANCELLED_OUTCOME
+        if decision.outcome == "allowed":
+            chosen = _choose(offered, decision, ALLOW_KINDS)
+            return _selected(chosen) if chosen else CANCELLED_OUTCOME
+        # rejected or timed_out: both are a rejection to the agent (PROTOCOL §6.2).
+        chosen = _choose(offered, decision, REJECT_KINDS)
+        await self._emit_all(turn.decline_tool(call.tool_call_id))
+        return _selected(chosen) if chosen else CANCELLED_OUTCOME
+
+    async def _terminal(self, method: str, params: Any) -> Any:
+        terminals = self._terminals
+        if terminals is None:
+            raise JsonRpcError(m.INTERNAL_ERROR, "terminals are not available (agent stopping)")
+        try:
+            if method == "terminal/create":
+                p = self._decode_params(params, m.CreateTerminalParams)
+                cwd = acp_fs.admit(self.ports.files, p.cwd) if p.cwd else None
+                terminal_id = await terminals.create(
+                    p.command,
+                    p.args,
+                    env={e.name: e.value for e in p.env},
+                    cwd=cwd,
+                    output_byte_limit=p.output_byte_limit,
+                )
+                return {"terminalId": terminal_id}
+            t = self._decode_params(params, m.TerminalParams)
+            if method == "terminal/output":
+                return terminals.output(t.terminal_id)
+            if method == "terminal/wait_for_exit":
+                return await terminals.wait_for_exit(t.terminal_id)
+            if method == "terminal/kill":
+                terminals.kill(t.terminal_id)
+                return {}
+            if method == "terminal/release":
+                await terminals.release(t.terminal_id)
+                return {}
+        except TerminalError as exc:
+            raise JsonRpcError(m.INVALID_PARAMS, str(exc)) from None
+        raise JsonRpcError(m.METHOD_NOT_FOUND, f"method not found: {method}")
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    async def _emit_all(self, events: list[Emit]) -> None:
+        for kind, payload in events:
+            await self.ports.emit(kind, payload)
+
+    @staticmethod
+    def _decode_params(params: Any, type_: type[T]) -> T:
+        try:
+            return m.decode(params, type_)
+        except msgspec.ValidationError as exc:
+            raise JsonRpcError(m.INVALID_PARAMS, f"invalid params: {exc}") from None
+
+    def _decode(self, raw: Any, type_: type[T], method: str) -> T:
+        try:
+            return m.decode(raw, type_)
+        except msgspec.ValidationError as exc:
+            raise ProviderError("provider.protocol", f"unexpected {method} answer from the agent: {exc}") from None
+
+    async def _try_call(self, method: str, params: dict[str, Any]) -> None:
+        """A best-effort setting: a refusal is logged, never fatal."""
+        try:
+            await self._call(method, params)
+        except JsonRpcError as exc:
+            log.warning("acp.call_refused", method=method, code=exc.code, error=exc.message)
+
+    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+        """A request to the agent that fails with `provider.crashed` if the agent dies first.
+
+        Races the answer against the process exit: an agent whose stdout stays open (held by a
+        grandchild) after it died would otherwise leave us waiting forever.
+        """
+        peer, proc = self._peer, self._proc
+        if peer is None or proc is None:
+            raise ProviderError("provider.not_started", "the acp agent is not running")
+        answer: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                try:
+                    answer["result"] = await peer.request(method, params)
+                except (JsonRpcError, PeerClosed) as exc:
+                    answer["error"] = exc
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                await proc.exited.wait()
+                # Let the last lines (perhaps the answer itself) be read before giving up.
+                with anyio.move_on_after(2.0):
+                    await peer.closed.wait()
+                answer.setdefault("error", PeerClosed("agent exited"))
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(ask)
+            tg.start_soon(watch)
+        error = answer.get("error")
+        if isinstance(error, JsonRpcError):
+            raise error
+        if isinstance(error, PeerClosed):
+            code = None
+            with anyio.move_on_after(2.0):
+                code = await proc.wait()
+            raise ProviderError(
+                "provider.crashed",
+                f"the acp agent exited during {method}" + (f" (status {code})" if code is not None else ""),
+                retryable=True,
+                details={"stderr_tail": proc.stderr_tail(), "exit_code": code, "method": method},
+            )
+        return answer.get("result")
+
+
+def _pick(options: list[m.PermissionOption], kinds: tuple[str, ...]) -> m.PermissionOption | None:
+    for kind in kinds:
+        for option in options:
+            if option.kind == kind:
+                return option
+    return None
+
+
+def _choose(
+    options: list[m.PermissionOption], decision: PermissionDecision, kinds: tuple[str, ...]
+) -> m.PermissionOption | None:
+    """The option the decision names if it was offered and has the right kind; else one by kind."""
+    for option in options:
+        if option.option_id == decision.option_id and option.kind in kinds:
+            return option
+    if decision.option_kind in kinds:
+        preferred = (decision.option_kind, *kinds)
+        return _pick(options, preferred)
+    return _pick(options, kinds)
+
+
+def _selected(option: m.PermissionOption) -> dict[str, Any]:
+    return {"outcome": {"outcome": "selected", "optionId": option.option_id}}

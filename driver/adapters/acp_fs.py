@@ -1,0 +1,100 @@
+"""ACP `fs/read_text_file` and `fs/write_text_file` on the client side, behind path admission.
+
+Every path goes through `FilePort.admit` (PROTOCOL §6.5: inside cwd, memory_dir or an additional
+directory, after resolving symlinks). The final open also refuses a symlink (`O_NOFOLLOW`), so a
+link planted between admission and the write cannot redirect it. Errors are `JsonRpcError`s whose
+message names the problem; a missing file is ACP's "resource not found" (-32002).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from driver.adapters import acp_models as m
+from driver.adapters.base import FilePort, PathNotAllowed
+from driver.adapters.jsonrpc import JsonRpcError
+
+# Keep a read well below the JSON-RPC line limit (64 MiB) once escaped into a response.
+MAX_READ_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    path: Path
+    created: bool
+    sha256: str
+
+
+def admit(files: FilePort, path: str) -> Path:
+    if not path:
+        raise JsonRpcError(m.INVALID_PARAMS, "path is empty")
+    try:
+        return files.admit(path)
+    except PathNotAllowed as exc:
+        raise JsonRpcError(m.INVALID_PARAMS, f"access denied: {exc}") from None
+
+
+def _read(path: Path, line: int | None, limit: int | None) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise JsonRpcError(m.RESOURCE_NOT_FOUND, f"file not found: {path}") from None
+    except OSError as exc:
+        raise JsonRpcError(m.INVALID_PARAMS, f"cannot read {path}: {_reason(exc)}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JsonRpcError(m.INVALID_PARAMS, f"not a regular file: {path}")
+        data = fh.read(MAX_READ_BYTES + 1)
+    if len(data) > MAX_READ_BYTES:
+        raise JsonRpcError(m.INVALID_PARAMS, f"file larger than {MAX_READ_BYTES} bytes: {path}")
+    text = data.decode("utf-8", errors="replace")
+    if line is None and limit is None:
+        return text
+    lines = text.splitlines(keepends=True)
+    start = max((line or 1) - 1, 0)  # ACP lines are 1-based
+    end = len(lines) if limit is None else start + limit
+    return "".join(lines[start:end])
+
+
+def _write(path: Path, content: str) -> WriteResult:
+    data = content.encode("utf-8")
+    created = not path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return WriteResult(path, created, hashlib.sha256(data).hexdigest())
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link"
+    return exc.strerror or type(exc).__name__
+
+
+async def read_text_file(files: FilePort, params: m.ReadTextFileParams) -> str:
+    path = admit(files, params.path)
+    return await anyio.to_thread.run_sync(_read, path, params.line, params.limit)
+
+
+async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> WriteResult:
+    path = admit(files, params.path)
+    return await anyio.to_thread.run_sync(_write, path, params.content)
+
+
+def relative_to_cwd(path: Path, cwd: Path) -> str:
+    """`file.changed` paths are relative to cwd; a file in memory_dir or an extra root stays absolute."""
+    try:
+        return path.relative_to(cwd).as_posix()
+    except ValueError:
+        return path.as_posix()

@@ -1,0 +1,360 @@
+"""The `acp` adapter against real ACP agents (codex-acp, claude-agent-acp) pointed at the fake model
+endpoints, and against our own stubborn agent for the misbehaviours real agents will not show on cue.
+
+What each real agent supports, as measured here (versions pinned in package.json):
+
+| | codex-acp 0.16.0 | claude-agent-acp 0.101.0 |
+| --- | --- | --- |
+| start to session id | ~0.3 s | ~2.4 s (Node + SDK) |
+| loadSession | yes | yes |
+| additionalDirectories | no | yes |
+| auth methods | env_var (CODEX_API_KEY, OPENAI_API_KEY), chatgpt; none needed with a custom provider | none |
+| default mode | read-only (asks before edits) | auto (decides itself): we switch to `default` |
+| permission ids | see CODEX_* below | allow-once / allow-with-updates / reject |
+| usage | no | usage_update with cost, PromptResponse.usage |
+| exits on stdin EOF | no (SIGTERM) | yes |
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from driver.adapters import acp_models as m
+from driver.adapters.acp import AcpAdapter
+from driver.adapters.acp_turn import AcpTurn
+from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.environment import provider_env
+from driver.adapters.jsonrpc import JsonRpcError
+from driver.protocol.boot import AcpConfig, ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.commands import RunInput
+from driver.testing.ports import (
+    RecordingEvents,
+    ScriptedPermissions,
+    recording_ports,
+    reject_first,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
+CLAUDE_ACP = ROOT / "node_modules" / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
+CODEX_ACP = ROOT / "node_modules" / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp"
+
+
+# ---- building an adapter ----------------------------------------------------------------------
+
+
+@dataclass
+class Harness:
+    adapter: AcpAdapter
+    events: RecordingEvents
+    permissions: ScriptedPermissions
+    cwd: Path
+
+    async def run(self, text: str, run_id: str = "run-1", timeout: float = 60) -> TurnOutcome:
+        with anyio.fail_after(timeout):
+            return await self.adapter.run(run_id, RunInput(text=text))
+
+
+def make_adapter(
+    tmp_path: Path,
+    command: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    environment: dict[str, str] | None = None,
+    permissions: ScriptedPermissions | None = None,
+    policy: str = "supervised",
+    native_resume: str | None = None,
+    recovery: list[tuple[str, str]] | None = None,
+    provider_options: dict[str, Any] | None = None,
+) -> Harness:
+    cwd = tmp_path / "ws"
+    state = tmp_path / "state"
+    cwd.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    execution = ExecutionConfig(
+        revision="rev-1",
+        runtime="acp",
+        permission_policy=policy,  # type: ignore[arg-type]
+        environment=environment or {},
+        acp=AcpConfig(command=command, env=env or {}),
+        native_resume=NativeResume(runtime="acp", value=native_resume) if native_resume else None,
+        recovery_messages=[RecoveryMessage(role=r, text=t) for r, t in (recovery or [])],  # type: ignore[arg-type]
+        provider_options=provider_options or {},
+    )
+    session = SessionConfig(id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(cwd), state_dir=str(state))
+    config = AdapterConfig(
+        session=session,
+        execution=execution,
+        state_dir=state,
+        project_root=ROOT,
+        env=provider_env(execution.environment, home=str(state)),
+    )
+    ports, events, perms = recording_ports(cwd, permissions)
+    return Harness(AcpAdapter(config, ports), events, perms, cwd)
+
+
+@pytest.fixture
+async def stopper() -> AsyncIterator[Callable[[Harness], Harness]]:
+    """Registers harnesses whose adapters must be stopped at the end of the test, pass or fail."""
+    started: list[Harness] = []
+
+    def register(h: Harness) -> Harness:
+        started.append(h)
+        return h
+
+    yield register
+    for h in started:
+        with anyio.fail_after(10):
+            await h.adapter.stop()
+
+
+def stubborn(tmp_path: Path, mode: str = "normal", **kwargs: Any) -> Harness:
+    return make_adapter(tmp_path, [sys.executable, str(STUBBORN), mode], **kwargs)
+
+
+# ---- the turn mapping, without an agent -------------------------------------------------------
+
+
+def test_turn_maps_chunks_tools_and_unknown_updates() -> None:
+    turn = AcpTurn("run-9")
+    out = turn.feed({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "Hel"}})
+    out += turn.feed({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "lo"}})
+    out += turn.feed({"sessionUpdate": "brand_new_variant", "whatever": 1})
+    out += turn.feed({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "ls", "kind": "execute"})
+    tool_text = {"type": "content", "content": {"type": "text", "text": "a\n"}}
+    out += turn.feed(
+        {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "in_progress", "content": [tool_text]}
+    )
+    more = {"type": "content", "content": {"type": "text", "text": "a\nb\n"}}
+    out += turn.feed(
+        {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "in_progress", "content": [more]}
+    )
+    out += turn.feed({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})
+    out += turn.feed({"sessionUpdate": "plan", "entries": [{"content": "x", "priority": "low", "status": "pending"}]})
+    out += turn.feed({"sessionUpdate": "tool_call", "toolCallId": "t2", "title": "never finished"})
+    out += turn.finish("end_turn")
+    kinds = [k for k, _ in out]
+    assert kinds == [
+        "message.started",
+        "message.delta",
+        "message.delta",
+        "message.completed",
+        "tool.started",
+        "tool.output.delta",
+        "tool.output.delta",
+        "tool.completed",
+        "plan.updated",
+        "tool.started",
+        "tool.completed",
+    ]
+    assert out[3][1] == {"message_id": "run-9-msg-1", "role": "assistant", "text": "Hello"}
+    assert [p["text"] for k, p in out if k == "tool.output.delta"] == ["a\n", "b\n"]
+    assert out[7][1]["status"] == "completed" and out[7][1]["output"] == "a\nb\n"
+    assert out[-1][1] == {"tool_call_id": "t2", "status": "failed", "output": None, "exit_code": None}
+    assert turn.unknown_updates == {"brand_new_variant": 1}
+    assert (turn.final_message_id, turn.final_message_text) == ("run-9-msg-1", "Hello")
+
+
+def test_turn_declined_tool_is_completed_once() -> None:
+    turn = AcpTurn("r")
+    call = m.ToolCall(tool_call_id="t9", title="rm -rf", kind="execute")
+    assert [k for k, _ in turn.announce_tool(call)] == ["tool.started"]
+    assert turn.announce_tool(call) == []
+    assert turn.decline_tool("t9")[0][1]["status"] == "declined"
+    # The agent then reports the tool failed: no second terminal for it.
+    assert turn.feed({"sessionUpdate": "tool_call_update", "toolCallId": "t9", "status": "failed"}) == []
+    assert turn.finish("end_turn") == []
+
+
+# ---- our own stubborn agent: client methods and misbehaviour ----------------------------------
+
+
+async def test_stubborn_text_permissions_by_kind_and_terminal(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    resume = h.events.of("runtime.resume.updated")
+    assert resume and resume[0]["value"].startswith("stub-")
+
+    out = await h.run("hello")
+    assert out.status == "completed" and out.final_message_text == "Hello from the stubborn agent."
+
+    # Options are offered reject, allow_always, allow_once with unrelated ids: we answer by kind.
+    h.permissions.decide = lambda req: PermissionDecision("allowed", None, "allow_once")
+    out = await h.run("[[perm]]", "run-2")
+    assert out.final_message_text == "permission allow_once"
+    h.permissions.decide = reject_first
+    out = await h.run("[[perm-unannounced]]", "run-3")
+    assert out.final_message_text == "permission reject_once"
+    # The unannounced tool call still got a tool.started (from the request) and ends declined.
+    req = h.permissions.requests[-1]
+    started = [p for p in h.events.of("tool.started") if p["tool_call_id"] == req.tool_call_id]
+    completed = [p for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
+    assert len(started) == 1 and [c["status"] for c in completed] == ["declined"]
+
+    out = await h.run("[[shell:printf 'hi there'; exit 3]]", "run-4")
+    assert out.final_message_text == "exit 3: hi there"
+
+
+async def test_stubborn_fs_admission(tmp_path: Path, stopper: Any) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    h = stopper(stubborn(tmp_path))
+    (h.cwd / "escape").symlink_to(outside)
+    await h.adapter.start()
+
+    out = await h.run("[[write:notes/a.txt:hello]]")
+    assert out.final_message_text == "write ok"
+    assert (h.cwd / "notes" / "a.txt").read_text() == "hello"
+    out = await h.run("[[write:notes/a.txt:hello again]]", "run-2")
+    changes = h.events.of("file.changed")
+    assert [(c["path"], c["change"]) for c in changes] == [("notes/a.txt", "created"), ("notes/a.txt", "modified")]
+    assert changes[0]["sha256"] == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+
+    out = await h.run(f"[[write:{outside}/x.txt:nope]]", "run-3")
+    assert out.final_message_text.startswith("write error: -32602 access denied: path is outside the allowed roots")
+    out = await h.run("[[write:escape/y.txt:nope]]", "run-4")
+    assert out.final_message_text.startswith("write error: -32602 access denied")
+    assert list(outside.iterdir()) == []
+    assert len(h.events.of("file.changed")) == 2
+
+    out = await h.run("[[read:notes/a.txt]]", "run-5")
+    assert out.final_message_text == "read: hello again"
+    out = await h.run("[[read:missing.txt]]", "run-6")
+    assert out.final_message_text.startswith(f"read error: {m.RESOURCE_NOT_FOUND} file not found")
+
+
+async def test_client_method_handler_directly(tmp_path: Path, stopper: Any) -> None:
+    """The handler the agent calls, driven directly: unknown methods, bad params, output limits."""
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    handler = h.adapter._on_request
+    with pytest.raises(JsonRpcError) as err:
+        await handler("fs/delete_everything", {})
+    assert err.value.code == m.METHOD_NOT_FOUND
+    with pytest.raises(JsonRpcError) as err:
+        await handler("fs/write_text_file", {"sessionId": "s", "path": "x"})
+    assert err.value.code == m.INVALID_PARAMS and "content" in err.value.message
+    with pytest.raises(JsonRpcError) as err:
+        await handler("fs/write_text_file", {"sessionId": "s", "path": "/etc/passwd", "content": "x"})
+    assert "outside the allowed roots" in err.value.message
+
+    created = await handler(
+        "terminal/create",
+        {"sessionId": "s", "command": "sh", "args": ["-c", "printf 'é%.0s' $(seq 100)"], "outputByteLimit": 51},
+    )
+    tid = created["terminalId"]
+    with anyio.fail_after(10):
+        assert await handler("terminal/wait_for_exit", {"sessionId": "s", "terminalId": tid}) == {
+            "exitCode": 0,
+            "signal": None,
+        }
+    output = await handler("terminal/output", {"sessionId": "s", "terminalId": tid})
+    # 51 bytes kept from the end, the cut moved to a character boundary: 25 two-byte characters.
+    assert output["truncated"] is True and output["output"] == "é" * 25
+
+    sleeper = await handler("terminal/create", {"sessionId": "s", "command": "sleep", "args": ["30"]})
+    await handler("terminal/kill", {"sessionId": "s", "terminalId": sleeper["terminalId"]})
+    with anyio.fail_after(10):
+        status = await handler("terminal/wait_for_exit", {"sessionId": "s", "terminalId": sleeper["terminalId"]})
+    assert status == {"exitCode": None, "signal": "SIGKILL"}
+    await handler("terminal/release", {"sessionId": "s", "terminalId": tid})
+    with pytest.raises(JsonRpcError):
+        await handler("terminal/output", {"sessionId": "s", "terminalId": tid})
+
+
+async def test_stubborn_cancel_mid_stream(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    outcome: list[TurnOutcome] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def go() -> None:
+                outcome.append(await h.adapter.run("run-1", RunInput(text="[[slow]]")))
+
+            tg.start_soon(go)
+            await h.events.wait_for("message.delta")
+            await h.adapter.cancel()
+    assert outcome[0].status == "cancelled" and outcome[0].stop_reason == "cancelled"
+    completed = h.events.of("message.completed")
+    assert len(completed) == 1 and completed[0]["text"].startswith("word0 ")
+    # The session is still usable.
+    assert (await h.run("again", "run-2")).status == "completed"
+
+
+async def test_stubborn_ignores_cancel_then_stop_kills_it(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path, "ignore-cancel"))
+    await h.adapter.start()
+    groups = h.adapter.process_group_ids()
+    assert len(groups) == 1
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.adapter.run, "run-1", RunInput(text="[[slow]]"))
+        await h.events.wait_for("message.delta")
+        await h.adapter.cancel()
+        # The agent keeps streaming after session/cancel: this is what the kernel's escalation is for.
+        with anyio.move_on_after(1.0):
+            await anyio.sleep_forever()
+        deltas_after = len(h.events.of("message.delta"))
+        assert deltas_after > 5
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(10):
+        await h.adapter.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(groups[0], 0)
+
+
+async def test_stubborn_exit_mid_turn_is_provider_crashed(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path, "exit-mid-turn"))
+    await h.adapter.start()
+    with pytest.raises(ProviderError) as err:
+        await h.run("anything")
+    assert err.value.code == "provider.crashed"
+    assert "exiting mid-turn on purpose" in err.value.details["stderr_tail"]
+    assert err.value.details["exit_code"] == 3
+    # The partial message was still closed with what had arrived.
+    assert h.events.of("message.completed")[0]["text"] == "About to vanish"
+
+
+async def test_stubborn_no_init_times_out(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path, "no-init"))
+    h.adapter.start_timeout = 1.0
+    with pytest.raises(ProviderError) as err:
+        await h.adapter.start()
+    assert err.value.code == "provider.start_timeout"
+
+
+async def test_stubborn_resume_and_reset(tmp_path: Path, stopper: Any) -> None:
+    first = stopper(stubborn(tmp_path))
+    await first.adapter.start()
+    sid = first.adapter.native_id
+    assert sid is not None
+    await first.adapter.stop()
+
+    again = stopper(stubborn(tmp_path / "b", native_resume=sid))
+    await again.adapter.start()
+    assert again.adapter.native_id == sid and again.events.of("runtime.session.reset") == []
+
+    lost = stopper(
+        stubborn(
+            tmp_path / "c",
+            native_resume="gone-123",
+            recovery=[("user", "my name is Ada"), ("assistant", "hello Ada")],
+        )
+    )
+    await lost.adapter.start()
+    reset = lost.events.of("runtime.session.reset")
+    assert reset == [{"previous": "gone-123", "current": lost.adapter.native_id}]
+    out = await lost.run("[[echo]] first")
+    assert "user: my name is Ada\nassistant: hello Ada" in out.final_message_text
+    assert out.final_message_text.endswith("[[echo]] first")
+    # Replayed once, on the first turn only.
+    out = await lost.run("[[echo]] second", "run-2")
+    assert out.final_message_text == "[[echo]] second"

@@ -1,0 +1,228 @@
+"""A small, dependency-free ACP agent for tests: misbehaves on request.
+
+Usage: `python stubborn_acp_agent.py MODE` with MODE one of
+- `normal`: streams a reply and honours `session/cancel`;
+- `ignore-cancel`: keeps streaming and ignores `session/cancel` (the kernel must escalate to signals);
+- `exit-mid-turn`: exits with status 3 after the first chunks of a reply;
+- `no-init`: never answers `initialize`.
+
+The prompt text is scripted with the same markers as the fake model endpoints, where they make sense
+for an agent that has no model:
+- no marker: reply "Hello from the stubborn agent." in chunks;
+- `[[say:TEXT]]`: reply TEXT;
+- `[[echo]]`: reply with the text blocks of the prompt, one per line;
+- `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
+- `[[think]]`: an `agent_thought_chunk` before the reply;
+- `[[perm]]`: announce a tool call, ask `session/request_permission`, reply with the chosen option kind;
+- `[[perm-unannounced]]`: the same without announcing the tool call first;
+- `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
+- `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
+- `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
+Sessions it created can be loaded again with `session/load` (it advertises `loadSession`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
+MODES = ("normal", "ignore-cancel", "exit-mid-turn", "no-init")
+
+_out_lock = threading.Lock()
+_pending: dict[int, dict[str, Any]] = {}
+_pending_cv = threading.Condition()
+_next_id = 0
+_sessions: set[str] = set()
+_cancelled: dict[str, threading.Event] = {}
+
+
+def send(message: dict[str, Any]) -> None:
+    message["jsonrpc"] = "2.0"
+    line = json.dumps(message) + "\n"
+    with _out_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send a request to the client and block this worker until its response arrives."""
+    global _next_id
+    with _pending_cv:
+        _next_id += 1
+        # String ids on purpose: a client must echo ids verbatim, whatever their type.
+        rid = _next_id
+    send({"id": f"stub-{rid}", "method": method, "params": params})
+    with _pending_cv:
+        while rid not in _pending:
+            _pending_cv.wait()
+        return _pending.pop(rid)
+
+
+def update(session_id: str, body: dict[str, Any]) -> None:
+    send({"method": "session/update", "params": {"sessionId": session_id, "update": body}})
+
+
+def chunk(session_id: str, text: str, kind: str = "agent_message_chunk") -> None:
+    update(session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+
+
+def stream(session_id: str, text: str, pieces: int, delay: float) -> bool:
+    """Stream `text` in `pieces` chunks; return False if a honoured cancel stopped it."""
+    step = max(1, len(text) // pieces)
+    for i in range(0, len(text), step):
+        if _cancelled[session_id].is_set() and MODE != "ignore-cancel":
+            return False
+        chunk(session_id, text[i : i + step])
+        if delay:
+            time.sleep(delay)
+    return True
+
+
+def texts(params: dict[str, Any]) -> list[str]:
+    return [b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"]
+
+
+def prompt_text(params: dict[str, Any]) -> str:
+    return "".join(texts(params))
+
+
+def permission(session_id: str, announce: bool) -> str:
+    tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
+    tool = {"toolCallId": tool_call_id, "title": "Write notes.txt", "kind": "edit", "status": "pending"}
+    if announce:
+        update(session_id, {"sessionUpdate": "tool_call", **tool, "rawInput": {"path": "notes.txt"}})
+    options = [
+        # Ids deliberately unrelated to kinds and in an unusual order: clients must map by kind.
+        {"optionId": "opt-z", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "opt-y", "name": "Always", "kind": "allow_always"},
+        {"optionId": "opt-x", "name": "Allow", "kind": "allow_once"},
+    ]
+    reply = call("session/request_permission", {"sessionId": session_id, "toolCall": tool, "options": options})
+    outcome = reply.get("result", {}).get("outcome", {})
+    if outcome.get("outcome") == "selected":
+        kind = next((o["kind"] for o in options if o["optionId"] == outcome.get("optionId")), "unknown")
+        status = "completed" if kind.startswith("allow") else "failed"
+        update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": status})
+        return f"permission {kind}"
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": "failed"})
+    return "permission cancelled"
+
+
+def error_text(reply: dict[str, Any]) -> str:
+    err = reply["error"]
+    return f"{err.get('code')} {err.get('message')}"
+
+
+def shell(session_id: str, command: str) -> str:
+    created = call("terminal/create", {"sessionId": session_id, "command": "sh", "args": ["-c", command]})
+    if "error" in created:
+        return "terminal error: " + error_text(created)
+    tid = created["result"]["terminalId"]
+    waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    output = call("terminal/output", {"sessionId": session_id, "terminalId": tid})
+    call("terminal/release", {"sessionId": session_id, "terminalId": tid})
+    return f"exit {waited['result'].get('exitCode')}: {output['result']['output']}"
+
+
+def run_prompt(rid: Any, params: dict[str, Any]) -> None:
+    session_id = params["sessionId"]
+    _cancelled[session_id] = threading.Event()
+    text = prompt_text(params)
+    if MODE == "exit-mid-turn":
+        chunk(session_id, "About to ")
+        chunk(session_id, "vanish")
+        sys.stderr.write("stubborn agent: exiting mid-turn on purpose\n")
+        sys.stderr.flush()
+        os._exit(3)
+    if "[[think]]" in text:
+        chunk(session_id, "Thinking about it.", "agent_thought_chunk")
+    reply = "Hello from the stubborn agent."
+    if "[[echo]]" in text:
+        reply = "\n".join(texts(params))
+    elif m := re.search(r"\[\[say:(.*?)\]\]", text, re.S):
+        reply = m.group(1)
+    elif "[[perm-unannounced]]" in text:
+        reply = permission(session_id, announce=False)
+    elif "[[perm]]" in text:
+        reply = permission(session_id, announce=True)
+    elif m := re.search(r"\[\[write:(.*?):(.*?)\]\]", text, re.S):
+        r = call("fs/write_text_file", {"sessionId": session_id, "path": m.group(1), "content": m.group(2)})
+        reply = "write ok" if "result" in r else "write error: " + error_text(r)
+    elif m := re.search(r"\[\[read:(.*?)\]\]", text, re.S):
+        r = call("fs/read_text_file", {"sessionId": session_id, "path": m.group(1)})
+        reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
+    elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
+        reply = shell(session_id, m.group(1))
+    if "[[slow]]" in text:
+        long = "".join(f"word{i} " for i in range(400))
+        finished = stream(session_id, long, 400, 0.05)
+    else:
+        finished = stream(session_id, reply, 3, 0.0)
+    cancelled = not finished or (_cancelled[session_id].is_set() and MODE != "ignore-cancel")
+    send({"id": rid, "result": {"stopReason": "cancelled" if cancelled else "end_turn"}})
+
+
+def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
+    if method == "initialize":
+        if MODE == "no-init":
+            return
+        send(
+            {
+                "id": rid,
+                "result": {
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": True},
+                    "authMethods": [],
+                    "agentInfo": {"name": "stubborn", "version": "0"},
+                },
+            }
+        )
+    elif method == "session/new":
+        sid = f"stub-{uuid.uuid4().hex[:12]}"
+        _sessions.add(sid)
+        send({"id": rid, "result": {"sessionId": sid}})
+    elif method == "session/load":
+        sid = params.get("sessionId", "")
+        if sid.startswith("stub-"):
+            _sessions.add(sid)
+            send({"id": rid, "result": {}})
+        else:
+            send({"id": rid, "error": {"code": -32002, "message": f"session not found: {sid}"}})
+    elif method == "session/prompt":
+        threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
+    else:
+        send({"id": rid, "error": {"code": -32601, "message": f"method not found: {method}"}})
+
+
+def main() -> None:
+    if MODE not in MODES:
+        sys.stderr.write(f"unknown mode {MODE!r}; use one of {', '.join(MODES)}\n")
+        sys.exit(2)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if "method" in msg and "id" in msg:
+            handle_request(msg["id"], msg["method"], msg.get("params") or {})
+        elif "method" in msg:
+            if msg["method"] == "session/cancel":
+                sid = (msg.get("params") or {}).get("sessionId", "")
+                _cancelled.setdefault(sid, threading.Event()).set()
+        else:
+            rid = int(str(msg.get("id", "")).removeprefix("stub-") or -1)
+            with _pending_cv:
+                _pending[rid] = msg
+                _pending_cv.notify_all()
+    # Stdin closed: a well-behaved agent exits (unlike codex-acp, which needs SIGTERM).
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
