@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 """
 
+RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later
 # process reuses, without a write per event.
 SEQ_BLOCK = 4096
@@ -116,11 +117,17 @@ class Journal:
     # -- outbox -------------------------------------------------------------------------------------
     def append(self, events: Iterable[JournaledEvent]) -> None:
         """Write events in one transaction (one fsync: the group commit)."""
+        rows = list(events)
         with self._lock, self._tx():
             self._db.executemany(
                 "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)",
-                ((e.seq, e.event_id, e.run_id, e.kind, e.body) for e in events),
+                ((e.seq, e.event_id, e.run_id, e.kind, e.body) for e in rows),
             )
+            # A run stops being active in the same transaction that makes its terminal durable, so a
+            # restart can never see an active run whose terminal is already on its way.
+            ended = [(e.run_id,) for e in rows if e.kind in RUN_TERMINAL_KINDS and e.run_id]
+            if ended:
+                self._db.executemany("DELETE FROM runs WHERE run_id = ?", ended)
 
     def delete(self, seqs: Iterable[int]) -> None:
         with self._lock, self._tx():
@@ -132,9 +139,7 @@ class Journal:
             for i in range(0, len(seqs), 500):
                 chunk = seqs[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                for seq, body in self._db.execute(
-                    f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk
-                ):
+                for seq, body in self._db.execute(f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk):
                     out[int(seq)] = bytes(body)
             return out
 
@@ -164,9 +169,7 @@ class Journal:
             ).fetchone()
         if row is None:
             return None
-        return StoredCommand(
-            row[0], int(row[1]), row[2], row[3], bytes(row[4]) if row[4] is not None else None
-        )
+        return StoredCommand(row[0], int(row[1]), row[2], row[3], bytes(row[4]) if row[4] is not None else None)
 
     def save_command(
         self, command_id: str, seq: int, fingerprint: str, status: str, update_frame: bytes | None
@@ -217,6 +220,15 @@ class Journal:
     def run_ended(self, run_id: str) -> None:
         with self._lock, self._tx():
             self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
+    def open_commands(self) -> list[StoredCommand]:
+        """Commands accepted by an earlier process that never reached a terminal status."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT command_id, seq, fingerprint, status, update_frame FROM commands "
+                "WHERE status NOT IN ('completed','failed','cancelled') ORDER BY seq"
+            ).fetchall()
+        return [StoredCommand(r[0], int(r[1]), r[2], r[3], None) for r in rows]
 
     def active_runs(self) -> list[tuple[str, str]]:
         with self._lock:

@@ -1,0 +1,812 @@
+"""The kernel: driver states, command dispatch, run supervision, cancellation, shutdown.
+
+One process serves one driver instance. The kernel owns the journal and outbox, the adapter and the
+ports, and the link. A run is a task in its own cancel scope; its terminal is chosen once (first wins;
+a cancel that arrives before the choice wins), emitted as a lossless event, and the run's
+`input.start` completes only when that terminal has a receipt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import msgspec
+
+from driver import __version__, logs
+from driver.adapters.base import Adapter, AdapterConfig, Ports, ProviderError, TurnOutcome
+from driver.adapters.environment import provider_env
+from driver.adapters.registry import adapter_class
+from driver.ports.files import AllowedRoots
+from driver.ports.host_tools import HostToolBroker, HostToolCommandError
+from driver.ports.permissions import PermissionBroker, PermissionCommandError
+from driver.protocol import commands as cmds
+from driver.protocol.boot import BootPayload
+from driver.protocol.events import EVENT_KINDS, RUN_TERMINALS, PayloadError, validate_payload
+from driver.protocol.frames import (
+    PROTOCOL_VERSION,
+    TERMINAL_STATUSES,
+    Capability,
+    CommandError,
+    CommandFrame,
+    CommandUpdate,
+    Heartbeat,
+    HeartbeatOutbox,
+    Hello,
+    OutboxSummary,
+    Welcome,
+    encode,
+)
+from driver.protocol.link import CloseReaction
+from driver.queue.journal import Journal
+from driver.queue.outbox import FinalRejection, Outbox, utc_now
+from driver.states import StateMachine, Trigger
+
+log = logs.get("driver.kernel")
+
+CANCEL_INTERRUPT_GRACE_S = 5.0
+CANCEL_TERM_GRACE_S = 3.0
+STOP_DRAIN_TIMEOUT_S = 30.0
+PROVIDER_START_TIMEOUT_S = 60.0
+MAX_PAYLOAD_BYTES = 1024 * 1024
+EXIT_DRAIN_INCOMPLETE = 75
+
+
+def project_root() -> Path:
+    """Where `node_modules` with the pinned provider runtimes lives."""
+    env = os.environ.get("AGENT_DRIVER_PROJECT_ROOT")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    run_id: str
+    command_id: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    terminal: str | None = None  # the chosen terminal kind, once chosen
+    cancel_requested_by: str | None = None
+    cancel_reason: str = ""
+    cancel_phase: Literal["interrupt", "terminate", "kill"] = "interrupt"
+    tools_started: dict[str, str] = field(default_factory=dict)  # tool_call_id → name
+    tools_completed: set[str] = field(default_factory=set)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    cancel_interrupt_grace_s: float = CANCEL_INTERRUPT_GRACE_S
+    cancel_term_grace_s: float = CANCEL_TERM_GRACE_S
+    stop_drain_timeout_s: float = STOP_DRAIN_TIMEOUT_S
+    provider_start_timeout_s: float = PROVIDER_START_TIMEOUT_S
+
+
+class Kernel:
+    def __init__(self, boot: BootPayload, *, started_at: float, options: KernelOptions | None = None) -> None:
+        self.boot = boot
+        self.options = options or KernelOptions()
+        self.started_monotonic = started_at
+        self.started_at_iso = utc_now()
+        self.state = StateMachine()
+        state_dir = Path(boot.session.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.journal = Journal(state_dir / "driver" / "journal.sqlite3")
+        self.epoch = self.journal.bump_epoch()
+        self.outbox = Outbox(self.journal, boot.driver_instance_id, boot.session.id, self.epoch)
+        self.run: Run | None = None
+        self.exit_status: int | None = None
+        self._done = anyio.Event()
+        self._provider_ready = anyio.Event()
+        self._provider_error: ProviderError | None = None
+        self._in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
+        self._last_activity = time.monotonic()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopping = False
+        self._link: Any = None
+        ex = boot.execution
+        self.permissions = PermissionBroker(
+            self.emit,
+            policy=ex.permission_policy,
+            timeout_ms=ex.permission_timeout_ms,
+            id_prefix=f"prm-{self.epoch}",
+            on_pending_change=self._permission_pending_changed,
+        )
+        self.host_tools = HostToolBroker(
+            self.emit,
+            id_prefix=f"htc-{self.epoch}",
+            current_run=lambda: self.run.run_id if self.run else None,
+            known={t.name for t in ex.host_tools},
+        )
+        roots = [boot.session.memory_dir, *boot.session.additional_directories]
+        self.files = AllowedRoots(boot.session.cwd, roots)
+        self.ports = Ports(self, self.permissions, self.host_tools, self.files)
+        self.adapter_cls = adapter_class(ex.runtime)
+        self.adapter: Adapter = self._new_adapter()
+        self.provider_start_ms: float | None = None
+
+    # -- the adapter ---------------------------------------------------------------------------------
+    def _new_adapter(self) -> Adapter:
+        boot = self.boot
+        provider_dir = Path(boot.session.state_dir) / "providers" / boot.execution.runtime
+        provider_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = provider_env(boot.execution.environment, home=str(provider_dir / "home"), traceparent=boot.traceparent)
+        (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
+        config = AdapterConfig(
+            session=boot.session,
+            execution=boot.execution,
+            state_dir=provider_dir,
+            project_root=project_root(),
+            traceparent=boot.traceparent,
+            env=env,
+        )
+        return self.adapter_cls(config, self.ports)
+
+    async def _start_provider(self) -> None:
+        t0 = time.monotonic()
+        try:
+            with anyio.fail_after(self.options.provider_start_timeout_s):
+                await self.adapter.start()
+        except TimeoutError:
+            self._provider_error = ProviderError(
+                "provider.start_timeout",
+                f"provider did not start within {self.options.provider_start_timeout_s:.0f} s",
+                retryable=True,
+            )
+        except ProviderError as exc:
+            self._provider_error = exc
+        except Exception as exc:  # a provider bug must not take the driver down
+            self._provider_error = ProviderError(
+                "provider.start_failed", f"{type(exc).__name__}: {exc}", retryable=True
+            )
+        if self._provider_error is not None:
+            log.error("provider.start_failed", code=self._provider_error.code, message=self._provider_error.message)
+            await self.emit(
+                "diagnostic.reported",
+                {
+                    "code": self._provider_error.code,
+                    "severity": "error",
+                    "message": self._provider_error.message,
+                    "details": self._provider_error.details,
+                },
+            )
+        else:
+            self.provider_start_ms = (time.monotonic() - t0) * 1000
+            self._fire("provider_ready")
+        self._provider_ready.set()
+
+    async def _restart_provider(self, reason: str) -> None:
+        self._provider_ready = anyio.Event()
+        self._provider_error = None
+        self._fire("provider_lost")
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(10):
+                    await self.adapter.stop()
+            except Exception as exc:
+                log.warning("provider.stop_failed", error=str(exc))
+        if self._stopping:
+            self._provider_ready.set()
+            return
+        self.adapter = self._new_adapter()
+        await self.emit(
+            "diagnostic.reported",
+            {"code": "provider.restarted", "severity": "warning", "message": f"provider restarted: {reason}"},
+        )
+        await self._start_provider()
+
+    # -- the events port -----------------------------------------------------------------------------
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        """The adapters' `emit`: validate, stamp with the run, admit to the outbox."""
+        spec = EVENT_KINDS.get(kind)
+        if spec is None:
+            raise PayloadError(f"unknown event kind {kind!r}")
+        run = self.run
+        run_id: str | None = None
+        if spec.run_scoped and kind not in ("host_tool.called",):
+            if run is not None:
+                if run.terminal is not None and kind not in RUN_TERMINALS:
+                    log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
+                    return
+                run_id = run.run_id
+                if kind == "tool.started":
+                    run.tools_started.setdefault(str(payload.get("tool_call_id")), str(payload.get("name", "")))
+                elif kind == "tool.completed":
+                    run.tools_completed.add(str(payload.get("tool_call_id")))
+        elif kind == "host_tool.called":
+            run_id = payload.get("run_id")
+        body = validate_payload(kind, payload)
+        if len(body) > MAX_PAYLOAD_BYTES:
+            body = validate_payload(kind, _shrink(payload))
+        await self.outbox.admit(kind, body, spec.delivery, run_id)
+
+    async def _emit_for_run(self, run_id: str, kind: str, payload: dict[str, Any]) -> str:
+        spec = EVENT_KINDS[kind]
+        event_id = await self.outbox.admit(kind, validate_payload(kind, payload), spec.delivery, run_id)
+        return event_id
+
+    # -- states ---------------------------------------------------------------------------------------
+    def _fire(self, trigger: Trigger) -> None:
+        if self.state.can(trigger):
+            self.state.fire(trigger)
+        else:
+            log.debug("state.ignored", trigger=trigger, state=self.state.state)
+
+    def _permission_pending_changed(self, pending: int) -> None:
+        self._fire("permission_pending" if pending else "permission_settled")
+
+    # -- frames ---------------------------------------------------------------------------------------
+    def hello(self) -> bytes:
+        stats = self.outbox.snapshot()
+        caps = [Capability(c, c in self.adapter_cls.capabilities) for c in _ALL_CAPS]
+        return encode(
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                driver_instance_id=self.boot.driver_instance_id,
+                epoch=self.epoch,
+                driver_version=__version__,
+                pid=os.getpid(),
+                runtime=self.boot.execution.runtime,
+                revision=self.boot.execution.revision,
+                session_kind=self.boot.session.kind,
+                capabilities=caps,
+                last_command_seq=self.journal.last_command_seq(),
+                outbox=OutboxSummary(stats.lossless_pending, stats.oldest_pending_seq),
+                started_at=self.started_at_iso,
+            )
+        )
+
+    def heartbeat(self) -> bytes:
+        s = self.outbox.snapshot()
+        state = self.state.state if self.state.state != "stopped" else "stopping"
+        return encode(
+            Heartbeat(
+                at=utc_now(),
+                state=state,  # type: ignore[arg-type]
+                run_id=self.run.run_id if self.run else None,
+                outbox=HeartbeatOutbox(
+                    lossless_pending=s.lossless_pending,
+                    best_effort_dropped=s.best_effort_dropped,
+                    in_flight=s.in_flight,
+                    oldest_pending_age_ms=s.oldest_pending_age_ms,
+                    retries=s.retries,
+                ),
+            )
+        )
+
+    async def on_welcome(self, welcome: Welcome) -> None:
+        pass
+
+    async def on_final_rejections(self, finals: list[FinalRejection]) -> None:
+        for f in finals:
+            log.error(
+                "event.rejected", event_id=f.event_id, kind=f.kind, code=f.rejection.code, message=f.rejection.message
+            )
+            if f.kind == "diagnostic.reported":
+                continue  # never loop on a diagnostic about a diagnostic
+            await self.emit(
+                "diagnostic.reported",
+                {
+                    "code": "event.rejected",
+                    "severity": "error",
+                    "message": f"the control plane rejected {f.kind} {f.event_id}: {f.rejection.code}",
+                    "details": {"event_id": f.event_id, "kind": f.kind, "reason": f.rejection.message},
+                },
+            )
+
+    # -- commands -------------------------------------------------------------------------------------
+    async def _send_update(self, update: CommandUpdate) -> None:
+        if self._link is not None:
+            await self._link.send(encode(update))
+
+    async def _finish(
+        self,
+        command_id: str,
+        seq: int,
+        fingerprint: str,
+        status: Literal["completed", "failed", "cancelled"],
+        *,
+        result: dict[str, Any] | None = None,
+        error: CommandError | None = None,
+    ) -> None:
+        update = CommandUpdate(command_id=command_id, status=status, result=result, error=error)
+        if status == "completed" and result is None:
+            update.result = {}
+        frame = encode(update)
+        # Persist first: a terminal status must survive a restart before anyone can see it.
+        await anyio.to_thread.run_sync(self.journal.save_command, command_id, seq, fingerprint, status, frame)
+        self._in_progress.pop(command_id, None)
+        await self._send_update(update)
+
+    async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+        self._last_activity = time.monotonic()
+        try:
+            fingerprint = cmds.fingerprint(raw)
+        except msgspec.DecodeError:
+            return
+        stored = self.journal.command(head.command_id)
+        if stored is not None or head.command_id in self._in_progress:
+            known_fp = stored.fingerprint if stored else self._in_progress[head.command_id]
+            if known_fp != fingerprint:
+                await self._send_update(
+                    CommandUpdate(
+                        command_id=head.command_id,
+                        status="failed",
+                        error=CommandError("command.conflict", "this command_id was used before with other content"),
+                    )
+                )
+                return
+            if stored is not None and stored.update_frame is not None and stored.status in TERMINAL_STATUSES:
+                if self._link is not None:
+                    await self._link.send(stored.update_frame)
+            else:
+                await self._send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+            return
+        # New command: accept at once (within 1 s), remember it, then execute.
+        self._in_progress[head.command_id] = fingerprint
+        self.journal.save_command(head.command_id, head.seq, fingerprint, "accepted", None)
+        await self._send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+        try:
+            command = cmds.decode_command(raw)
+        except cmds.CommandInvalid as exc:
+            await self._finish(
+                head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
+            )
+            return
+        assert self._tg is not None
+        self._tg.start_soon(self._execute, command, fingerprint)
+
+    async def _execute(self, command: cmds.Command, fp: str) -> None:
+        cid, seq = command.command_id, command.seq
+
+        async def fail(code: str, message: str, retryable: bool = False) -> None:
+            await self._finish(cid, seq, fp, "failed", error=CommandError(code, message, retryable))
+
+        if self._stopping and not isinstance(command, cmds.SessionStop | cmds.PermissionResolve | cmds.HostToolResult):
+            await fail("driver.stopping", "the driver is stopping", retryable=True)
+            return
+        match command:
+            case cmds.InputStart():
+                await self._input_start(command, fp)
+            case cmds.TurnCancel():
+                run = self.run
+                if run is None or run.run_id != command.run_id or run.terminal is not None:
+                    await self._finish(cid, seq, fp, "completed", result={"already_terminal": True})
+                    return
+                await self.cancel_run(run, requested_by="control_plane", reason=command.reason)
+                await run.ended.wait()
+                await self._finish(
+                    cid,
+                    seq,
+                    fp,
+                    "completed",
+                    result={"run_id": run.run_id, "terminal": run.terminal, "phase": run.cancel_phase},
+                )
+            case cmds.PermissionResolve():
+                try:
+                    self.permissions.resolve(command.request_id, command.option_id)
+                except PermissionCommandError as exc:
+                    await fail(exc.code, exc.message)
+                    return
+                await self._finish(cid, seq, fp, "completed")
+            case cmds.HostToolResult():
+                try:
+                    self.host_tools.deliver(command.call_id, command.content, command.is_error)
+                except HostToolCommandError as exc:
+                    await fail(exc.code, exc.message)
+                    return
+                await self._finish(cid, seq, fp, "completed")
+            case cmds.SessionReset():
+                if self.run is not None:
+                    await fail("driver.run_active", "a run is active; cancel it before a reset", retryable=True)
+                    return
+                await self._provider_ready.wait()
+                try:
+                    previous, current = await self.adapter.reset()
+                except ProviderError as exc:
+                    await fail(exc.code, exc.message, exc.retryable)
+                    return
+                await self.emit("runtime.session.reset", {"previous": previous, "current": current})
+                await self._finish(cid, seq, fp, "completed", result={"previous": previous, "current": current})
+            case cmds.SessionStop():
+                await self.stop(
+                    reason=command.reason or "session.stop", requested_by="control_plane", command=(cid, seq, fp)
+                )
+
+    # -- runs -----------------------------------------------------------------------------------------
+    async def _input_start(self, command: cmds.InputStart, fp: str) -> None:
+        cid, seq = command.command_id, command.seq
+        if self.run is not None:
+            await self._finish(
+                cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
+            )
+            return
+        run = Run(command.run_id, cid)
+        self.run = run
+        self._fire("run_started")
+        self.journal.run_started(run.run_id, cid, utc_now())
+        await self.emit(
+            "run.started",
+            {
+                "run_id": run.run_id,
+                "revision": self.boot.execution.revision,
+                "input_summary": _summary(command.input.text),
+            },
+        )
+        outcome: TurnOutcome | None = None
+        error: ProviderError | None = None
+        with run.scope:
+            try:
+                await self._provider_ready.wait()
+                if self._provider_error is not None:
+                    raise self._provider_error
+                outcome = await self.adapter.run(run.run_id, command.input)
+            except ProviderError as exc:
+                error = exc
+            except Exception as exc:
+                log.exception("run.adapter_error", run_id=run.run_id)
+                error = ProviderError("driver.internal", f"{type(exc).__name__}: {exc}")
+        terminal_id = await self._end_run(run, outcome, error)
+        status = _STATUS_OF[run.terminal or "run.failed"]
+        self.outbox.watch(terminal_id)
+        self.run = None
+        self._fire("run_ended")
+        run.ended.set()
+        self._last_activity = time.monotonic()
+        if (error is not None and error.code in ("provider.crashed", "provider.unresponsive")) or run.cancel_phase in (
+            "terminate",
+            "kill",
+        ):
+            assert self._tg is not None
+            self._tg.start_soon(self._restart_provider, f"after run {run.run_id}")
+        await self.outbox.receipted(terminal_id)
+        result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
+        if status == "failed":
+            err = error or ProviderError("provider.failed", "the run failed")
+            if outcome is not None and outcome.status == "failed":
+                err = ProviderError(outcome.error_code or "provider.failed", outcome.error_message or "the run failed")
+            await self._finish(cid, seq, fp, "failed", error=CommandError(err.code, err.message, err.retryable))
+        else:
+            await self._finish(cid, seq, fp, status, result=result)
+
+    async def _end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
+        """Choose the run's one terminal and admit it. A cancel requested before this point wins."""
+        dropped = self.outbox.dropped_for_run(run.run_id)
+        for tool_call_id in self.permissions.rejected_tool_calls & set(run.tools_started) - run.tools_completed:
+            await self.emit(
+                "tool.completed",
+                {"tool_call_id": tool_call_id, "status": "declined", "output": None, "exit_code": None},
+            )
+        for tool_call_id in self.permissions.rejected_tool_calls - set(run.tools_started):
+            await self.emit("tool.started", {"tool_call_id": tool_call_id, "name": "", "title": "", "input": None})
+            await self.emit(
+                "tool.completed",
+                {"tool_call_id": tool_call_id, "status": "declined", "output": None, "exit_code": None},
+            )
+        self.permissions.rejected_tool_calls.clear()
+        kind: str
+        payload: dict[str, Any]
+        if run.cancel_requested_by is not None:
+            kind = "run.cancelled"
+            payload = {
+                "reason": run.cancel_reason,
+                "requested_by": run.cancel_requested_by,
+                "dropped_best_effort": dropped,
+                "details": {
+                    "phase": run.cancel_phase,
+                    "tool_calls_started": sorted(run.tools_started),
+                    "side_effects": "tool side effects already done are not undone",
+                },
+            }
+        elif error is not None:
+            kind = "run.failed"
+            details = dict(error.details)
+            payload = {
+                "error": {
+                    "code": error.code,
+                    "message": error.message,
+                    "retryable": error.retryable,
+                    "details": details,
+                },
+                "dropped_best_effort": dropped,
+            }
+        else:
+            assert outcome is not None
+            if outcome.status == "completed":
+                kind = "run.completed"
+                payload = {
+                    "stop_reason": outcome.stop_reason,
+                    "final_message_id": outcome.final_message_id,
+                    "final_message_text": outcome.final_message_text,
+                    "usage": outcome.usage,
+                    "dropped_best_effort": dropped,
+                }
+            elif outcome.status == "cancelled":
+                kind = "run.cancelled"
+                payload = {
+                    "reason": outcome.stop_reason,
+                    "requested_by": "provider",
+                    "dropped_best_effort": dropped,
+                    "details": {"phase": "provider", "tool_calls_started": sorted(run.tools_started)},
+                }
+            else:
+                kind = "run.failed"
+                payload = {
+                    "error": {
+                        "code": outcome.error_code or "provider.failed",
+                        "message": outcome.error_message or "the provider reported a failed turn",
+                        "retryable": outcome.error_retryable,
+                        "details": outcome.error_details,
+                    },
+                    "dropped_best_effort": dropped,
+                }
+        run.terminal = kind
+        event_id = await self._emit_for_run(run.run_id, kind, payload)
+        self.outbox.best_effort.forget_run(run.run_id)
+        return event_id
+
+    async def cancel_run(self, run: Run, *, requested_by: str, reason: str) -> None:
+        """PROTOCOL §5: cancel permissions, interrupt, then SIGTERM and SIGKILL the provider if needed."""
+        if run.terminal is not None or run.cancel_requested_by is not None:
+            return
+        run.cancel_requested_by = requested_by
+        run.cancel_reason = reason
+        self.permissions.cancel_all()
+        assert self._tg is not None
+        self._tg.start_soon(self._escalate, run)
+
+    async def _escalate(self, run: Run) -> None:
+        try:
+            with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
+                await self.adapter.cancel()
+        except Exception as exc:
+            log.warning("cancel.interrupt_failed", error=str(exc))
+        with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
+            await run.ended.wait()
+            return
+        run.cancel_phase = "terminate"
+        self._signal_provider(signal.SIGTERM)
+        with anyio.move_on_after(self.options.cancel_term_grace_s):
+            await run.ended.wait()
+            return
+        run.cancel_phase = "kill"
+        self._signal_provider(signal.SIGKILL)
+        with anyio.move_on_after(1.0):
+            await run.ended.wait()
+            return
+        # The adapter did not return even with its provider dead: end the run without it.
+        run.scope.cancel()
+
+    def _signal_provider(self, sig: int) -> None:
+        for pgid in self.adapter.process_group_ids():
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError as exc:
+                log.warning("cancel.signal_failed", pgid=pgid, error=str(exc))
+
+    # -- restart recovery ----------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """End runs a dead predecessor left active; fail commands it left open (PROTOCOL §4.1)."""
+        for run_id, command_id in self.journal.active_runs():
+            if self.journal.has_terminal(run_id):
+                continue
+            event_id = await self._emit_for_run(
+                run_id,
+                "run.failed",
+                {
+                    "error": {
+                        "code": "driver.restarted",
+                        "message": "the driver process died while this run was active",
+                        "retryable": True,
+                        "details": None,
+                    },
+                    "dropped_best_effort": 0,
+                },
+            )
+            self.outbox.watch(event_id)
+            stored = self.journal.command(command_id)
+            assert self._tg is not None
+            self._tg.start_soon(self._finish_recovered, event_id, command_id, stored.seq if stored else 0, stored)
+        for stored in self.journal.open_commands():
+            if stored.command_id not in {c for _, c in self.journal.active_runs()}:
+                await self._finish(
+                    stored.command_id,
+                    stored.seq,
+                    stored.fingerprint,
+                    "failed",
+                    error=CommandError("driver.restarted", "the driver restarted before this command completed", True),
+                )
+        await self.outbox.flush()
+
+    async def _finish_recovered(self, event_id: str, command_id: str, seq: int, stored: Any) -> None:
+        await self.outbox.receipted(event_id)
+        fp = stored.fingerprint if stored else ""
+        await self._finish(
+            command_id,
+            seq,
+            fp,
+            "failed",
+            error=CommandError("driver.restarted", "the driver process died while this run was active", True),
+        )
+
+    # -- stop ---------------------------------------------------------------------------------------
+    async def stop(self, *, reason: str, requested_by: str, command: tuple[str, int, str] | None = None) -> None:
+        if self._stopping:
+            if command is not None:
+                await self._done.wait()
+            return
+        self._stopping = True
+        self._fire("stop")
+        log.info("driver.stopping", reason=reason)
+        run = self.run
+        if run is not None:
+            await self.cancel_run(run, requested_by=requested_by, reason=reason)
+            await run.ended.wait()
+        with anyio.move_on_after(10):
+            try:
+                await self.adapter.stop()
+            except Exception as exc:
+                log.warning("provider.stop_failed", error=str(exc))
+        drained = False
+        with anyio.move_on_after(self.options.stop_drain_timeout_s):
+            await self.outbox.flush()
+            await self.outbox.drained()
+            drained = True
+        if command is not None:
+            cid, seq, fp = command
+            if drained:
+                await self._finish(cid, seq, fp, "completed", result={"reason": reason})
+            else:
+                await self._finish(
+                    cid,
+                    seq,
+                    fp,
+                    "failed",
+                    error=CommandError(
+                        "driver.drain_timeout", f"{self.outbox.pending_count} events remain journaled", True
+                    ),
+                )
+        if drained:
+            self.exit_status = 0
+        else:
+            log.error("driver.drain_incomplete", remaining=self.outbox.pending_count)
+            self.exit_status = EXIT_DRAIN_INCOMPLETE
+        self._fire("stopped")
+        self._done.set()
+
+    # -- main ---------------------------------------------------------------------------------------
+    async def serve(self) -> int:
+        from driver.link import Link, LinkHooks
+
+        link = Link(
+            self.boot.control,
+            self.boot.driver_instance_id,
+            self.outbox,
+            LinkHooks(
+                hello=self.hello,
+                heartbeat=self.heartbeat,
+                on_welcome=self.on_welcome,
+                on_command=self.on_command,
+                on_final_rejections=self.on_final_rejections,
+            ),
+        )
+        self._link = link
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self.outbox.run)
+            await self.recover()
+            tg.start_soon(self._boot_provider)
+            tg.start_soon(self._watch_link, link)
+            tg.start_soon(self._watch_signals)
+            tg.start_soon(self._idle_exit)
+            await self._done.wait()
+            # Flush the journal and say goodbye before leaving.
+            with anyio.CancelScope(shield=True):
+                await self.outbox.flush()
+                with anyio.move_on_after(2):
+                    await link.close(1000, "driver exiting")
+            tg.cancel_scope.cancel()
+        self.journal.close()
+        return self.exit_status if self.exit_status is not None else 0
+
+    async def _boot_provider(self) -> None:
+        await self._start_provider()
+        timings = {
+            "boot_ms": round((time.monotonic() - self.started_monotonic) * 1000, 1),
+            "provider_start_ms": round(self.provider_start_ms, 1) if self.provider_start_ms is not None else None,
+        }
+        await self.emit(
+            "driver.started",
+            {
+                "epoch": self.epoch,
+                "revision": self.boot.execution.revision,
+                "runtime": self.boot.execution.runtime,
+                "capabilities": [{"id": c, "supported": c in self.adapter_cls.capabilities} for c in _ALL_CAPS],
+                "timings": timings,
+            },
+        )
+
+    async def _watch_link(self, link: Any) -> None:
+        reaction: CloseReaction = await link.run()
+        log.warning("link.fatal", reason=reaction.reason, exit_status=reaction.exit_status)
+        if reaction.exit_status == 0:
+            await self.stop(reason=reaction.reason, requested_by="control_plane")
+            return
+        # Fatal: stop providers and exit with the table's status; the journal keeps what is unsent.
+        self._stopping = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            try:
+                await self.adapter.stop()
+            except Exception as exc:
+                log.warning("provider.stop_failed", error=str(exc))
+        self.exit_status = reaction.exit_status
+        self._done.set()
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self._stopping:
+                    # Second signal: exit at once after flushing the journal.
+                    log.warning("driver.signal_exit", signal=signum)
+                    with anyio.CancelScope(shield=True):
+                        await self.outbox.flush()
+                    self.exit_status = 128 + signum
+                    self._done.set()
+                    return
+                assert self._tg is not None
+                self._tg.start_soon(lambda: self.stop(reason="signal", requested_by="signal"))
+
+    async def _idle_exit(self) -> None:
+        session = self.boot.session
+        if session.kind != "cattle" or session.idle_exit_ms is None:
+            return
+        limit = session.idle_exit_ms / 1000.0
+        while not self._stopping:
+            idle_for = time.monotonic() - self._last_activity
+            if self.run is None and idle_for >= limit:
+                log.info("driver.idle_exit", idle_ms=int(idle_for * 1000))
+                await self.stop(reason="idle", requested_by="driver")
+                return
+            await anyio.sleep(max(0.05, limit - idle_for if self.run is None else limit))
+
+
+_ALL_CAPS = (
+    "text_stream",
+    "thinking_stream",
+    "tool_stream",
+    "permission_request",
+    "native_resume",
+    "usage",
+    "host_tools",
+    "file_change",
+)
+_STATUS_OF: dict[str, Literal["completed", "failed", "cancelled"]] = {
+    "run.completed": "completed",
+    "run.failed": "failed",
+    "run.cancelled": "cancelled",
+}
+
+
+def _summary(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shrink(payload: dict[str, Any], budget: int = MAX_PAYLOAD_BYTES // 2) -> dict[str, Any]:
+    """Cut oversized string fields so an event fits a frame; says how much was cut."""
+    out: dict[str, Any] = {}
+    for key, value in payload.items():
+        if isinstance(value, str) and len(value) > budget // 4:
+            cut = len(value) - budget // 4
+            out[key] = value[: budget // 4] + f"…[truncated {cut} chars]"
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,252 @@
+"""The WebSocket link: dial, handshake, send batches and heartbeats, receive, reconnect.
+
+All decisions (which frame is allowed when, what a close code means, how long to wait) are made by
+`driver.protocol.link.LinkCore`; this module only does the I/O around it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.lowlevel
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from driver import logs
+from driver.protocol.boot import ControlConfig
+from driver.protocol.frames import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    CommandFrame,
+    FrameError,
+    Receipt,
+    Welcome,
+    decode_inbound,
+    encode,
+    encode_events_frame,
+)
+from driver.protocol.link import CloseReaction, LinkCore, LinkPhase, ProtocolViolation
+from driver.queue.outbox import Outbox
+
+log = logs.get("driver.link")
+
+
+class TransportRefused(ValueError):
+    pass
+
+
+def check_transport(control: ControlConfig) -> None:
+    """ws:// is only for a loopback host unless insecure_transport says otherwise (PROTOCOL §1)."""
+    parts = urlsplit(control.url)
+    if parts.scheme not in ("ws", "wss"):
+        raise TransportRefused("control.url must be a ws:// or wss:// URL")
+    if not parts.hostname:
+        raise TransportRefused("control.url has no host")
+    if parts.username or parts.password or "token" in (parts.query or "").lower():
+        raise TransportRefused("control.url must not carry credentials (the token goes in a header)")
+    if parts.scheme == "ws" and not control.insecure_transport and not _is_loopback(parts.hostname):
+        raise TransportRefused("control.url uses ws:// to a non-loopback host (set insecure_transport to allow)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def ssl_context(control: ControlConfig) -> ssl.SSLContext | None:
+    if urlsplit(control.url).scheme != "wss":
+        return None
+    ctx = ssl.create_default_context()  # verifies certificates and host names
+    if control.ca_file:
+        ctx.load_verify_locations(cafile=control.ca_file)
+    return ctx
+
+
+@dataclass
+class LinkHooks:
+    hello: Callable[[], bytes]
+    heartbeat: Callable[[], bytes]
+    on_welcome: Callable[[Welcome], Awaitable[None]]
+    on_command: Callable[[CommandFrame, bytes], Awaitable[None]]
+    on_final_rejections: Callable[[list[Any]], Awaitable[None]]
+
+
+class Link:
+    def __init__(
+        self,
+        control: ControlConfig,
+        instance_id: str,
+        outbox: Outbox,
+        hooks: LinkHooks,
+        core: LinkCore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._control = control
+        self._instance_id = instance_id
+        self._outbox = outbox
+        self._hooks = hooks
+        self.core = core or LinkCore()
+        self._clock = clock
+        self._ws: ClientConnection | None = None
+        self._send_lock = anyio.Lock()
+        self.connected = anyio.Event()
+        self.reconnects = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._ws is not None and self.core.phase is LinkPhase.OPEN
+
+    async def send(self, frame: bytes) -> bool:
+        """Send one frame if the link is open; False if it is not (the caller relies on replay)."""
+        ws = self._ws
+        if ws is None or self.core.phase is not LinkPhase.OPEN:
+            return False
+        try:
+            async with self._send_lock:
+                await ws.send(frame, text=True)
+            return True
+        except ConnectionClosed:
+            return False
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self._ws is not None:
+            await self._ws.close(code, reason)
+
+    async def run(self) -> CloseReaction:
+        """Dial and redial until a close code says stop; return that reaction."""
+        while True:
+            reaction = await self._connect_once()
+            if not reaction.reconnect:
+                return reaction
+            delay = self.core.next_delay()
+            log.info("link.reconnecting", delay_s=round(delay, 3), reason=reaction.reason)
+            self.reconnects += 1
+            await anyio.sleep(delay)
+
+    async def _connect_once(self) -> CloseReaction:
+        headers = {
+            "Authorization": f"Bearer {self._control.token}",
+            "Agent-Driver-Instance": self._instance_id,
+        }
+        try:
+            ws = await connect(
+                self._control.url,
+                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                additional_headers=headers,
+                ssl=ssl_context(self._control),
+                max_size=MAX_FRAME_BYTES,
+                ping_interval=None,  # liveness is ours: pings plus app heartbeats at the CP's interval
+                open_timeout=10,
+                close_timeout=5,
+                compression=None,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            log.warning("link.refused", http_status=status)
+            code = {401: 4401, 403: 4403}.get(status)
+            return self.core.closed(code, self._clock())
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            log.info("link.dial_failed", error=type(exc).__name__, detail=str(exc)[:200])
+            return self.core.closed(None, self._clock())
+        self._ws = ws
+        try:
+            await ws.send(self._hooks.hello(), text=True)
+            self.core.connected(self._clock())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watchdog, ws, tg.cancel_scope)
+                async for raw in ws:
+                    data = raw.encode() if isinstance(raw, str) else raw
+                    await self._handle(ws, data, tg)
+                tg.cancel_scope.cancel()
+        except* ConnectionClosed:
+            pass
+        except* ProtocolViolation as group:
+            detail = str(group.exceptions[0])
+            log.warning("link.protocol_violation", detail=detail)
+            await ws.close(4400, detail[:120])
+        finally:
+            self._ws = None
+            self.connected = anyio.Event()
+            self._outbox.on_link_down()
+            # close_code is the code the peer sent, or ours (4400, 4408) when we closed first.
+            code = ws.close_code
+            if code == 1005:  # "no status received": treat like an abnormal end
+                code = 1006
+        reaction = self.core.closed(code, self._clock())
+        log.info("link.closed", code=code, reaction=reaction.reason)
+        return reaction
+
+    async def _handle(self, ws: ClientConnection, data: bytes, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            frame = decode_inbound(data)
+        except FrameError as exc:
+            # An unreadable frame is the CP's bug; name it and carry on rather than drop the link.
+            log.warning("link.bad_frame", detail=str(exc)[:300])
+            return
+        frame = self.core.frame(frame, self._clock())
+        if isinstance(frame, Welcome):
+            log.info("link.open", connection_id=frame.connection_id, heartbeat_ms=frame.heartbeat_interval_ms)
+            self._outbox.on_link_up()
+            await self._hooks.on_welcome(frame)
+            self.connected.set()
+            tg.start_soon(self._sender, ws, frame)
+            tg.start_soon(self._heartbeats, ws, frame)
+        elif isinstance(frame, Receipt):
+            finals = self._outbox.on_receipt(frame)
+            if finals:
+                await self._hooks.on_final_rejections(finals)
+        else:
+            await self._hooks.on_command(frame, data)
+
+    async def _sender(self, ws: ClientConnection, welcome: Welcome) -> None:
+        max_events = max(1, welcome.max_batch_events)
+        max_bytes = max(1024, min(welcome.max_batch_bytes, MAX_FRAME_BYTES - 1024))
+        while True:
+            await self._outbox.wait_sendable()
+            batch = self._outbox.take_batch(max_events, max_bytes)
+            if batch is None:
+                await anyio.lowlevel.checkpoint()
+                continue
+            frame = encode_events_frame(batch.number, batch.frame_events)
+            async with self._send_lock:
+                await ws.send(frame, text=True)
+
+    async def _heartbeats(self, ws: ClientConnection, welcome: Welcome) -> None:
+        interval = max(0.05, welcome.heartbeat_interval_ms / 1000.0)
+        while True:
+            await anyio.sleep(interval)
+            pong = await ws.ping()
+            async with self._send_lock:
+                await ws.send(self._hooks.heartbeat(), text=True)
+            with anyio.move_on_after(interval):
+                await pong
+                self.core.heard(self._clock())
+
+    async def _watchdog(self, ws: ClientConnection, scope: anyio.CancelScope) -> None:
+        """Welcome timeout, silence for 3 heartbeat intervals, and the outbox's retry timers."""
+        while True:
+            wait = self._outbox.expire()
+            tick = min(wait if wait is not None else 0.5, 0.5)
+            await anyio.sleep(max(0.01, tick))
+            verdict = self.core.deadline(self._clock(), self.core.heartbeat_s)
+            if verdict is not None:
+                log.warning("link.dropping", reason=verdict)
+                await ws.close(4408 if verdict == "silent" else 1002, verdict)
+                scope.cancel()
+                return
+
+
+def encode_frame(frame: msgspec.Struct) -> bytes:
+    return encode(frame)

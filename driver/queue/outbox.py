@@ -1,0 +1,432 @@
+"""The outbox of PROTOCOL §4.1: admission, group-committed journaling, batching, receipts, retries.
+
+Lossless events get a seq and event_id at admission, are written to the journal by a group-commit
+writer (one transaction and one fsync for everything admitted meanwhile), and only then become
+sendable. They leave only when a receipt accepts them or rejects them finally. Best-effort events
+live in a small bounded buffer (`BestEffortBuffer`), are never journaled and are sent at most once.
+
+`admit` returns once the event has its seq and is queued for the next group commit; it does not wait
+for the fsync, so a producer is never serialised on disk latency. Nothing is sent before it is durable.
+When the outbox is full (count or bytes) `admit` waits: that is the backpressure on the provider.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import msgspec
+
+from driver.protocol.events import Delivery, Event, event_id_for
+from driver.protocol.frames import Receipt, Rejection
+from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
+from driver.queue.journal import Journal, JournaledEvent
+
+log = logging.getLogger("driver.outbox")
+
+UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class _Entry:
+    seq: int
+    event_id: str
+    run_id: str | None
+    kind: str
+    size: int
+    body: bytes | None
+    admitted_at: float
+    state: int = UNSYNCED
+    attempts: int = 0
+    batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    number: int
+    frame_events: list[bytes]
+    lossless_seqs: list[int]
+    best_effort: list[BestEffortEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalRejection:
+    event_id: str
+    kind: str
+    run_id: str | None
+    rejection: Rejection
+
+
+@dataclass(slots=True)
+class OutboxStats:
+    lossless_pending: int = 0
+    in_flight: int = 0
+    oldest_pending_seq: int | None = None
+    oldest_pending_age_ms: int | None = None
+    retries: int = 0
+    best_effort_dropped: int = 0
+    best_effort_buffered: int = 0
+    final_rejections: int = 0
+
+
+@dataclass(slots=True)
+class RetryPolicy:
+    """Capped exponential backoff for unreceipted lossless events (injectable for tests)."""
+
+    receipt_timeout: float = 10.0
+    base: float = 0.25
+    cap: float = 30.0
+
+    def delay(self, attempts: int) -> float:
+        return float(min(self.cap, self.base * (2 ** max(0, attempts - 1))))
+
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass
+class Outbox:
+    journal: Journal
+    instance_id: str
+    session_id: str
+    epoch: int
+    max_events: int = 100_000
+    max_bytes: int = 256 * 1024 * 1024
+    resident_bytes_cap: int = 8 * 1024 * 1024
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    clock: Callable[[], float] = time.monotonic
+    best_effort: BestEffortBuffer = field(default_factory=BestEffortBuffer)
+
+    def __post_init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+        self._ready: list[int] = []  # heap of seqs
+        self._waiting: list[tuple[float, int]] = []  # heap of (ready_at, seq)
+        self._in_flight: dict[int, tuple[float, list[int], list[BestEffortEvent]]] = {}
+        self._unsynced: list[_Entry] = []
+        self._to_delete: list[int] = []
+        self._bytes = 0
+        self._resident = 0
+        self._batch_no = 0
+        self._seq_next, self._seq_end = self.journal.reserve_seqs()
+        self._sendable = anyio.Event()
+        self._work = anyio.Event()
+        self._space = anyio.Event()
+        self._drained = anyio.Event()
+        self._receipt_waiters: dict[str, anyio.Event] = {}
+        self._receipt_outcomes: dict[str, str] = {}
+        self.stats = OutboxStats()
+        self.link_up = False
+        now = self.clock()
+        for seq, event_id, run_id, kind, size in self.journal.pending():
+            entry = _Entry(seq, event_id, run_id, kind, size, None, now, READY)
+            self._entries[seq] = entry
+            self._bytes += size
+            self._ready.append(seq)
+        heapq.heapify(self._ready)
+        self._recovered = len(self._entries)
+        if not self._entries:
+            self._drained.set()
+
+    # -- admission ----------------------------------------------------------------------------------
+    @property
+    def recovered(self) -> int:
+        """How many lossless events this process found journaled at start."""
+        return self._recovered
+
+    def _next_seq(self) -> int:
+        if self._seq_next >= self._seq_end:
+            self._seq_next, self._seq_end = self.journal.reserve_seqs()
+        seq = self._seq_next
+        self._seq_next += 1
+        return seq
+
+    def _full(self) -> bool:
+        return len(self._entries) >= self.max_events or self._bytes >= self.max_bytes
+
+    async def admit(self, kind: str, payload: bytes, delivery: Delivery, run_id: str | None) -> str:
+        """Stamp and queue one event; return its event_id. Waits while the outbox is full."""
+        if delivery == "best_effort":
+            seq = self._next_seq()
+            event_id = event_id_for(self.instance_id, self.epoch, seq)
+            if self.link_up:
+                self.best_effort.add(BestEffortEvent(seq, event_id, run_id, kind, payload, utc_now()))
+                self._sendable.set()
+            else:
+                self.best_effort.count_drop(run_id)
+            return event_id
+        while self._full():
+            self._space = anyio.Event() if self._space.is_set() else self._space
+            await self._space.wait()
+        seq = self._next_seq()
+        event_id = event_id_for(self.instance_id, self.epoch, seq)
+        body = _encoder.encode(
+            Event(
+                event_id=event_id,
+                seq=seq,
+                epoch=self.epoch,
+                kind=kind,
+                delivery=delivery,
+                session_id=self.session_id,
+                run_id=run_id,
+                occurred_at=utc_now(),
+                payload=msgspec.Raw(payload),
+            )
+        )
+        entry = _Entry(seq, event_id, run_id, kind, len(body), body, self.clock())
+        self._entries[seq] = entry
+        self._bytes += entry.size
+        self._resident += entry.size
+        self._unsynced.append(entry)
+        if self._drained.is_set():
+            self._drained = anyio.Event()
+        self._work.set()
+        return event_id
+
+    # -- the writer task ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Group commits and deletions; run for the process's life inside the kernel's task group."""
+        while True:
+            await self._work.wait()
+            self._work = anyio.Event()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Make everything admitted so far durable, and apply pending deletions."""
+        batch, self._unsynced = self._unsynced, []
+        deletes, self._to_delete = self._to_delete, []
+        if batch:
+            rows = [JournaledEvent(e.seq, e.event_id, e.run_id, e.kind, e.body or b"") for e in batch]
+            await anyio.to_thread.run_sync(self.journal.append, rows)
+            for e in batch:
+                if e.seq not in self._entries:
+                    continue  # receipted while being written (cannot happen before send; kept for safety)
+                e.state = READY
+                heapq.heappush(self._ready, e.seq)
+                if self._resident > self.resident_bytes_cap and e.body is not None:
+                    # Backlog beyond the resident budget lives only on disk; re-read when sent.
+                    e.body = None
+                    self._resident -= e.size
+            self._sendable.set()
+        if deletes:
+            await anyio.to_thread.run_sync(self.journal.delete, deletes)
+        self._check_drained()
+
+    # -- sending ------------------------------------------------------------------------------------
+    async def wait_sendable(self) -> None:
+        while not self._has_sendable():
+            self._sendable = anyio.Event()
+            await self._sendable.wait()
+
+    def _has_sendable(self) -> bool:
+        return bool(self._ready) or (self.link_up and len(self.best_effort) > 0)
+
+    def take_batch(self, max_events: int, max_bytes: int) -> Batch | None:
+        """The next batch: ready lossless events oldest seq first, then buffered best-effort events."""
+        seqs: list[int] = []
+        picked: list[_Entry] = []
+        size = 0
+        while self._ready and len(picked) < max_events:
+            seq = self._ready[0]
+            entry = self._entries.get(seq)
+            if entry is None or entry.state != READY:
+                heapq.heappop(self._ready)
+                continue
+            if picked and size + entry.size + 64 > max_bytes:
+                break
+            heapq.heappop(self._ready)
+            picked.append(entry)
+            seqs.append(seq)
+            size += entry.size + 1
+        missing = [e.seq for e in picked if e.body is None]
+        loaded = self.journal.bodies(missing) if missing else {}
+        bodies: list[bytes] = []
+        for e in picked:
+            body = e.body if e.body is not None else loaded.get(e.seq)
+            if body is None:  # deleted meanwhile: nothing to send
+                continue
+            bodies.append(body)
+        be = self.best_effort.take(max_events - len(bodies), max_bytes - size) if self.link_up else []
+        if not bodies and not be:
+            return None
+        self._batch_no += 1
+        now = self.clock()
+        for e in picked:
+            if e.attempts:
+                self.stats.retries += 1
+            e.attempts += 1
+            e.state = IN_FLIGHT
+            e.batch = self._batch_no
+        frame_events = bodies + [b.encode(self.epoch, self.session_id) for b in be]
+        self._in_flight[self._batch_no] = (now + self.retry.receipt_timeout, seqs, be)
+        return Batch(self._batch_no, frame_events, seqs, be)
+
+    # -- receipts -----------------------------------------------------------------------------------
+    def on_receipt(self, receipt: Receipt) -> list[FinalRejection]:
+        """Apply a receipt, matched by event_id. Returns the final rejections for the caller to report."""
+        finals: list[FinalRejection] = []
+        accepted = set(receipt.accepted)
+        by_id = {r.event_id: r for r in receipt.rejected}
+        flight = self._in_flight.pop(receipt.batch, None)
+        seqs = flight[1] if flight else []
+        if flight:
+            for b in flight[2]:
+                if b.event_id not in accepted:
+                    self.best_effort.count_drop(b.run_id)
+        for event_id in accepted:
+            if (entry := self._lookup(event_id)) is not None:
+                self._remove(entry, "accepted")
+        for event_id, rej in by_id.items():
+            if (entry := self._lookup(event_id)) is None:
+                continue
+            if not rej.retryable:
+                self._remove(entry, "rejected")
+                self.stats.final_rejections += 1
+                finals.append(FinalRejection(entry.event_id, entry.kind, entry.run_id, rej))
+            elif entry.state == IN_FLIGHT:
+                self._wait_retry(entry)
+        # Events of this batch in neither list were not stored: resend after a backoff.
+        for seq in seqs:
+            entry = self._entries.get(seq)
+            if entry is not None and entry.state == IN_FLIGHT and entry.batch == receipt.batch:
+                self._wait_retry(entry)
+        self._sendable.set()
+        return finals
+
+    def _lookup(self, event_id: str) -> _Entry | None:
+        """The pending entry for `event_id`. Its seq is the id's last part, so no second index is kept."""
+        try:
+            seq = int(event_id.rpartition("/")[2])
+        except ValueError:
+            return None
+        entry = self._entries.get(seq)
+        return entry if entry is not None and entry.event_id == event_id else None
+
+    def _remove(self, entry: _Entry, outcome: str) -> None:
+        del self._entries[entry.seq]
+        self._bytes -= entry.size
+        if entry.body is not None:
+            self._resident -= entry.size
+        self._to_delete.append(entry.seq)
+        self._work.set()
+        if (waiter := self._receipt_waiters.pop(entry.event_id, None)) is not None:
+            self._receipt_outcomes[entry.event_id] = outcome
+            waiter.set()
+        if not self._full():
+            self._space.set()
+
+    def _wait_retry(self, entry: _Entry) -> None:
+        entry.state = WAITING
+        heapq.heappush(self._waiting, (self.clock() + self.retry.delay(entry.attempts), entry.seq))
+
+    def expire(self) -> float | None:
+        """Time out unreceipted batches and release due retries. Returns seconds until the next due time."""
+        now = self.clock()
+        for number, (deadline, seqs, be) in list(self._in_flight.items()):
+            if deadline <= now:
+                del self._in_flight[number]
+                for b in be:
+                    self.best_effort.count_drop(b.run_id)
+                for seq in seqs:
+                    entry = self._entries.get(seq)
+                    if entry is not None and entry.state == IN_FLIGHT and entry.batch == number:
+                        self._wait_retry(entry)
+        released = False
+        while self._waiting and self._waiting[0][0] <= now:
+            _, seq = heapq.heappop(self._waiting)
+            entry = self._entries.get(seq)
+            if entry is not None and entry.state == WAITING:
+                entry.state = READY
+                heapq.heappush(self._ready, seq)
+                released = True
+        if released:
+            self._sendable.set()
+        nexts = [d for d, _, _ in self._in_flight.values()]
+        if self._waiting:
+            nexts.append(self._waiting[0][0])
+        return max(0.0, min(nexts) - now) if nexts else None
+
+    # -- link state ---------------------------------------------------------------------------------
+    def on_link_up(self) -> None:
+        self.link_up = True
+        self._sendable.set()
+
+    def on_link_down(self) -> None:
+        """Everything in flight goes back to be resent after the next welcome, oldest first."""
+        self.link_up = False
+        for _, _seqs, be in self._in_flight.values():
+            for b in be:
+                self.best_effort.count_drop(b.run_id)
+        self._in_flight.clear()
+        self.best_effort.drop_all()
+        for entry in self._entries.values():
+            if entry.state in (IN_FLIGHT, WAITING):
+                entry.state = READY
+                entry.attempts = 0
+                heapq.heappush(self._ready, entry.seq)
+        self._waiting.clear()
+
+    # -- waiting on outcomes ------------------------------------------------------------------------
+    def watch(self, event_id: str) -> None:
+        """Register interest in `event_id`'s receipt before it can possibly arrive."""
+        if event_id not in self._receipt_outcomes:
+            self._receipt_waiters.setdefault(event_id, anyio.Event())
+
+    async def receipted(self, event_id: str) -> str:
+        """Wait until `event_id` was accepted or finally rejected; returns "accepted" or "rejected"."""
+        self.watch(event_id)
+        waiter = self._receipt_waiters.get(event_id)
+        if waiter is not None:
+            await waiter.wait()
+        return self._receipt_outcomes.pop(event_id, "accepted")
+
+    def _check_drained(self) -> None:
+        if not self._entries and not self._unsynced:
+            self._drained.set()
+
+    async def drained(self) -> None:
+        """Wait until no lossless event is left without a receipt (and the deletions are journaled)."""
+        while not (self._drained.is_set() and not self._entries):
+            await self._drained.wait()
+            if self._entries:
+                self._drained = anyio.Event()
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def snapshot(self) -> OutboxStats:
+        s = self.stats
+        s.lossless_pending = len(self._entries)
+        s.in_flight = sum(len(seqs) for _, seqs, _ in self._in_flight.values())
+        first = next(iter(self._entries.values()), None)
+        s.oldest_pending_seq = first.seq if first else None
+        s.oldest_pending_age_ms = int((self.clock() - first.admitted_at) * 1000) if first else None
+        s.best_effort_dropped = self.best_effort.dropped
+        s.best_effort_buffered = len(self.best_effort)
+        return s
+
+    def dropped_for_run(self, run_id: str) -> int:
+        return self.best_effort.dropped_for(run_id)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._entries)
+
+    def describe(self) -> dict[str, Any]:
+        s = self.snapshot()
+        return {
+            "lossless_pending": s.lossless_pending,
+            "in_flight": s.in_flight,
+            "oldest_pending_seq": s.oldest_pending_seq,
+            "oldest_pending_age_ms": s.oldest_pending_age_ms,
+            "retries": s.retries,
+            "best_effort_dropped": s.best_effort_dropped,
+            "final_rejections": s.final_rejections,
+        }

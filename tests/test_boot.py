@@ -1,0 +1,171 @@
+"""Boot payload (PROTOCOL §1): every refusal exits 78 with one line naming the problem, the file is
+gone afterwards, and the token never appears in the output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.boot import BootError, read_boot_payload
+
+TOKEN = "tok-SECRET-value-123"
+
+
+def payload(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "protocol": 1,
+        "driver_instance_id": "drv-test.1",
+        "control": {"url": "ws://127.0.0.1:1/driver", "token": TOKEN},
+        "session": {
+            "id": "ses-1",
+            "agent_id": "agt-1",
+            "kind": "cattle",
+            "cwd": str(tmp_path / "cwd"),
+            "state_dir": str(tmp_path / "state"),
+        },
+        "execution": {"revision": "rev-1", "runtime": "claude-agent-sdk"},
+    }
+    p.update(overrides)
+    return p
+
+
+def write(path: Path, data: bytes | str, mode: int = 0o600) -> Path:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    path.chmod(mode)
+    return path
+
+
+def run_driver(boot: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_DRIVER_BOOT_FILE"}
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(boot)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_valid_payload_is_read_and_deleted(tmp_path: Path) -> None:
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)))
+    boot = read_boot_payload(str(f))
+    assert boot.control.token == TOKEN
+    assert boot.session.idle_exit_ms == 300_000
+    assert not f.exists()
+
+
+def test_mode_0400_is_accepted(tmp_path: Path) -> None:
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)), 0o400)
+    assert read_boot_payload(str(f)).driver_instance_id == "drv-test.1"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda p: p.pop("control"), "control"),
+        (lambda p: p["control"].update(token=5), "control.token"),
+        (lambda p: p["execution"].update(runtime="gpt-cli"), "execution.runtime"),
+        (lambda p: p.update(driver_instance_id="bad id!"), "driver_instance_id"),
+        (lambda p: p.update(protocol=2), "protocol"),
+        (lambda p: p["session"].update(kind="goat"), "session.kind"),
+        (lambda p: p["session"].update(surprise=1), "surprise"),
+    ],
+)
+def test_schema_errors_name_the_field(tmp_path: Path, mutate: Any, field: str) -> None:
+    p = payload(tmp_path)
+    mutate(p)
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError) as info:
+        read_boot_payload(str(f))
+    assert info.value.exit_code == 78
+    assert field in str(info.value)
+    assert TOKEN not in str(info.value)
+    assert not f.exists()
+
+
+def test_symlink_is_refused_and_removed_target_kept(tmp_path: Path) -> None:
+    target = write(tmp_path / "real.json", json.dumps(payload(tmp_path)))
+    link = tmp_path / "boot.json"
+    link.symlink_to(target)
+    with pytest.raises(BootError, match="symlink"):
+        read_boot_payload(str(link))
+    assert not link.is_symlink() and not link.exists()
+    assert target.exists()  # only the link is ours to remove
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644])
+def test_open_modes_are_refused(tmp_path: Path, mode: int) -> None:
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)), mode)
+    with pytest.raises(BootError, match="mode"):
+        read_boot_payload(str(f))
+    assert not f.exists()
+
+
+def test_other_owner_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")  # CI and dev machines here run as root
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)))
+    os.chown(f, 12345, 12345)
+    with pytest.raises(BootError, match="owned by uid 12345"):
+        read_boot_payload(str(f))
+    assert not f.exists()
+
+
+def test_over_one_mib_is_refused(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["execution"]["system_prompt"] = "x" * (1024 * 1024)
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError, match="1 MiB"):
+        read_boot_payload(str(f))
+    assert not f.exists()
+
+
+def test_invalid_json_is_refused(tmp_path: Path) -> None:
+    f = write(tmp_path / "boot.json", '{"protocol": 1, "control": {"token": "' + TOKEN + '"')
+    with pytest.raises(BootError, match="not valid JSON") as info:
+        read_boot_payload(str(f))
+    assert TOKEN not in str(info.value)
+    assert not f.exists()
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(BootError, match="not found"):
+        read_boot_payload(str(tmp_path / "nope.json"))
+
+
+def test_process_exits_78_with_one_line_and_no_token(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["control"]["url"] = 12
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    proc = run_driver(f)
+    assert proc.returncode == 78
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "control.url" in lines[0]
+    assert TOKEN not in proc.stderr + proc.stdout
+    assert not f.exists()
+
+
+def test_plain_ws_to_a_remote_host_is_refused(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["control"]["url"] = "ws://cp.example.com/driver"
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    proc = run_driver(f)
+    assert proc.returncode == 78
+    assert "control.url" in proc.stderr and "insecure_transport" in proc.stderr
+    assert TOKEN not in proc.stderr
+    assert not f.exists()
+
+
+def test_acp_runtime_requires_acp_block(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["execution"]["runtime"] = "acp"
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError, match=r"execution\.acp"):
+        read_boot_payload(str(f))
