@@ -1,0 +1,405 @@
+"""The reference control plane's durable store: SQLite in WAL mode with `synchronous=FULL`.
+
+Every write method commits before it returns, so a receipt built from its result is only ever sent
+for events that are on disk. One `Store` object owns one connection and must be used from the thread
+that created it: the server keeps a writer in a dedicated thread and a reader on the event loop thread
+(WAL lets the reader see every committed write without blocking the writer).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from driver.controlplane.validation import ValidEvent
+from driver.protocol.frames import TERMINAL_STATUSES
+
+PENDING = "pending"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances (
+    instance_id   TEXT PRIMARY KEY,
+    highest_epoch INTEGER NOT NULL,
+    terminated_at TEXT,
+    updated_at    TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id TEXT NOT NULL,
+    event_id    TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    epoch       INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    delivery    TEXT NOT NULL,
+    session_id  TEXT NOT NULL,
+    run_id      TEXT,
+    occurred_at TEXT NOT NULL,
+    payload     TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    stored_at   TEXT NOT NULL,
+    UNIQUE (instance_id, event_id)
+);
+CREATE INDEX IF NOT EXISTS events_by_seq ON events (instance_id, seq);
+CREATE TABLE IF NOT EXISTS commands (
+    instance_id TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    command_id  TEXT NOT NULL UNIQUE,
+    kind        TEXT NOT NULL,
+    body        TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    result      TEXT,
+    error       TEXT,
+    created_at  TEXT NOT NULL,
+    updated_at  TEXT NOT NULL,
+    PRIMARY KEY (instance_id, seq)
+);
+CREATE TABLE IF NOT EXISTS command_updates (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id TEXT NOT NULL,
+    command_id  TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    result      TEXT,
+    error       TEXT,
+    received_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS command_updates_by_id ON command_updates (command_id, id);
+"""
+
+_EVENT_COLUMNS = (
+    "instance_id, event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at, payload, stored_at"
+)
+_COMMAND_COLUMNS = "instance_id, seq, command_id, kind, body, status, result, error, created_at, updated_at"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class StoredRejection(msgspec.Struct, frozen=True, kw_only=True):
+    event_id: str
+    code: str
+    message: str
+    retryable: bool
+
+
+class BatchResult(msgspec.Struct, kw_only=True):
+    accepted: list[str]
+    rejected: list[StoredRejection]
+    stored: list[dict[str, Any]]  # only the events new to the store, for live subscribers
+
+
+class EpochVerdict(msgspec.Struct, frozen=True):
+    allowed: bool
+    highest: int
+    terminated: bool = False
+
+
+class CommandExists(ValueError):
+    pass
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _event_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "instance_id": row["instance_id"],
+        "event_id": row["event_id"],
+        "seq": row["seq"],
+        "epoch": row["epoch"],
+        "kind": row["kind"],
+        "delivery": row["delivery"],
+        "session_id": row["session_id"],
+        "run_id": row["run_id"],
+        "occurred_at": row["occurred_at"],
+        "payload": json.loads(row["payload"]),
+        "stored_at": row["stored_at"],
+    }
+
+
+def _command_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "instance_id": row["instance_id"],
+        "seq": row["seq"],
+        "command_id": row["command_id"],
+        "kind": row["kind"],
+        "body": json.loads(row["body"]),
+        "status": row["status"],
+        "result": _loads(row["result"]),
+        "error": _loads(row["error"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+class Store:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        # Autocommit mode: writes open their own explicit transactions, reads see the latest commit.
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout = 5000")
+        if create:
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.executescript(_SCHEMA)
+        # FULL: the WAL is fsync'd at every commit, so "committed" means "survives power loss".
+        self._db.execute("PRAGMA synchronous = FULL")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def observe_epoch(self, instance_id: str, epoch: int) -> EpochVerdict:
+        """Record `epoch` for the instance unless a higher one was already seen (then refuse it)."""
+        with self._tx():
+            row = self._db.execute(
+                "SELECT highest_epoch, terminated_at FROM instances WHERE instance_id = ?", (instance_id,)
+            ).fetchone()
+            highest = 0 if row is None else int(row["highest_epoch"])
+            if row is not None and row["terminated_at"] is not None:
+                return EpochVerdict(False, highest, terminated=True)
+            if epoch < highest:
+                return EpochVerdict(False, highest)
+            self._db.execute(
+                "INSERT INTO instances (instance_id, highest_epoch, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (instance_id) DO UPDATE SET highest_epoch = excluded.highest_epoch, "
+                "updated_at = excluded.updated_at",
+                (instance_id, epoch, now_iso()),
+            )
+            return EpochVerdict(True, epoch)
+
+    def terminate(self, instance_id: str) -> None:
+        """Mark the instance terminated: every later link is refused with 4410."""
+        stamp = now_iso()
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO instances (instance_id, highest_epoch, terminated_at, updated_at) "
+                "VALUES (?, 0, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
+                "terminated_at = excluded.terminated_at, updated_at = excluded.updated_at",
+                (instance_id, stamp, stamp),
+            )
+
+    def insert_events(
+        self, instance_id: str, events: Sequence[ValidEvent], rejected: Iterable[StoredRejection] = ()
+    ) -> BatchResult:
+        """Store a batch in one transaction; a duplicate of a stored event is accepted again."""
+        result = BatchResult(accepted=[], rejected=list(rejected), stored=[])
+        stamp = now_iso()
+        with self._tx():
+            for ev in events:
+                cur = self._db.execute(
+                    f"INSERT OR IGNORE INTO events ({_EVENT_COLUMNS}, digest) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        instance_id,
+                        ev.event_id,
+                        ev.seq,
+                        ev.epoch,
+                        ev.kind,
+                        ev.delivery,
+                        ev.session_id,
+                        ev.run_id,
+                        ev.occurred_at,
+                        ev.payload_json,
+                        stamp,
+                        ev.digest,
+                    ),
+                )
+                if cur.rowcount == 1:
+                    result.accepted.append(ev.event_id)
+                    result.stored.append(
+                        {
+                            "instance_id": instance_id,
+                            "event_id": ev.event_id,
+                            "seq": ev.seq,
+                            "epoch": ev.epoch,
+                            "kind": ev.kind,
+                            "delivery": ev.delivery,
+                            "session_id": ev.session_id,
+                            "run_id": ev.run_id,
+                            "occurred_at": ev.occurred_at,
+                            "payload": json.loads(ev.payload_json),
+                            "stored_at": stamp,
+                        }
+                    )
+                    continue
+                stored_digest = self._db.execute(
+                    "SELECT digest FROM events WHERE instance_id = ? AND event_id = ?",
+                    (instance_id, ev.event_id),
+                ).fetchone()["digest"]
+                if stored_digest == ev.digest:
+                    result.accepted.append(ev.event_id)
+                else:
+                    result.rejected.append(
+                        StoredRejection(
+                            event_id=ev.event_id,
+                            code="event.conflict",
+                            message="an event with this event_id and different content is already stored",
+                            retryable=False,
+                        )
+                    )
+        return result
+
+    def add_command(
+        self, instance_id: str, kind: str, fields: dict[str, Any], command_id: str | None = None
+    ) -> dict[str, Any]:
+        """Store a new command with the next seq of its instance; returns the stored command."""
+        command_id = command_id or f"cmd-{uuid.uuid4().hex}"
+        stamp = now_iso()
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM commands WHERE command_id = ?", (command_id,)).fetchone():
+                raise CommandExists(f"command {command_id} already exists")
+            seq = int(
+                self._db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM commands WHERE instance_id = ?", (instance_id,)
+                ).fetchone()[0]
+            )
+            body = {**fields, "type": "command", "command_id": command_id, "seq": seq, "kind": kind}
+            self._db.execute(
+                f"INSERT INTO commands ({_COMMAND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+                (instance_id, seq, command_id, kind, json.dumps(body), PENDING, stamp, stamp),
+            )
+        command = self.command(command_id)
+        assert command is not None
+        return command
+
+    def record_update(
+        self,
+        instance_id: str,
+        command_id: str,
+        status: str,
+        result: dict[str, Any] | None,
+        error: dict[str, Any] | None,
+    ) -> bool:
+        """Append to the update history; move the command's status unless it is already terminal.
+
+        Returns whether the command's current status changed.
+        """
+        stamp = now_iso()
+        result_json = None if result is None else json.dumps(result)
+        error_json = None if error is None else json.dumps(error)
+        terminal = tuple(sorted(TERMINAL_STATUSES))
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO command_updates (instance_id, command_id, status, result, error, received_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (instance_id, command_id, status, result_json, error_json, stamp),
+            )
+            cur = self._db.execute(
+                "UPDATE commands SET status = ?, result = ?, error = ?, updated_at = ? "
+                "WHERE command_id = ? AND instance_id = ? AND status NOT IN (?, ?, ?)",
+                (status, result_json, error_json, stamp, command_id, instance_id, *terminal),
+            )
+            return cur.rowcount == 1
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def highest_epoch(self, instance_id: str) -> int:
+        row = self._db.execute("SELECT highest_epoch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+        return 0 if row is None else int(row["highest_epoch"])
+
+    def events(
+        self,
+        instance_id: str,
+        kinds: Iterable[str] | None = None,
+        run_id: str | None = None,
+        after_seq: int | None = None,
+        limit: int | None = None,
+        delivery: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Stored events of an instance in `seq` order (store order breaks ties)."""
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE instance_id = ?"
+        args: list[Any] = [instance_id]
+        if kinds is not None:
+            kind_list = list(kinds)
+            sql += f" AND kind IN ({', '.join('?' for _ in kind_list)})"
+            args += kind_list
+        if run_id is not None:
+            sql += " AND run_id = ?"
+            args.append(run_id)
+        if after_seq is not None:
+            sql += " AND seq > ?"
+            args.append(after_seq)
+        if delivery is not None:
+            sql += " AND delivery = ?"
+            args.append(delivery)
+        sql += " ORDER BY seq, id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_event_row(r) for r in self._db.execute(sql, args)]
+
+    def count_events(self, instance_id: str | None = None) -> int:
+        if instance_id is None:
+            return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM events WHERE instance_id = ?", (instance_id,)).fetchone()[0])
+
+    def commands(self, instance_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE instance_id = ? ORDER BY seq", (instance_id,)
+        )
+        return [_command_row(r) for r in rows]
+
+    def command(self, command_id: str) -> dict[str, Any] | None:
+        row = self._db.execute(
+            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE command_id = ?", (command_id,)
+        ).fetchone()
+        return None if row is None else _command_row(row)
+
+    def pending_commands(self, instance_id: str, after_seq: int) -> list[dict[str, Any]]:
+        """Commands to (re)send after a welcome: `seq > after_seq` and no terminal status yet."""
+        terminal = tuple(sorted(TERMINAL_STATUSES))
+        rows = self._db.execute(
+            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE instance_id = ? AND seq > ? "
+            "AND status NOT IN (?, ?, ?) ORDER BY seq",
+            (instance_id, after_seq, *terminal),
+        )
+        return [_command_row(r) for r in rows]
+
+    def command_updates(self, command_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT instance_id, command_id, status, result, error, received_at FROM command_updates "
+            "WHERE command_id = ? ORDER BY id",
+            (command_id,),
+        )
+        return [
+            {
+                "instance_id": r["instance_id"],
+                "command_id": r["command_id"],
+                "status": r["status"],
+                "result": _loads(r["result"]),
+                "error": _loads(r["error"]),
+                "received_at": r["received_at"],
+            }
+            for r in rows
+        ]
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error); COMMIT returns after the fsync."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")

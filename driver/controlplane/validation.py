@@ -1,0 +1,118 @@
+"""Admission check of one event envelope (PROTOCOL §4), without I/O.
+
+The reference control plane is deliberately strict: it checks the envelope, the delivery class of the
+kind and the payload against the same schema the driver's kernel validates with, so a driver bug shows
+up as a named `event.invalid` rejection instead of a silently stored malformed event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+from driver.protocol.events import EVENT_KINDS, Delivery
+
+MAX_EVENT_ID_CHARS = 512
+
+
+class _Envelope(msgspec.Struct, kw_only=True):
+    # Unknown envelope fields are tolerated (tolerant reader); required ones are named by msgspec.
+    event_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    epoch: Annotated[int, msgspec.Meta(ge=1)]
+    kind: str
+    delivery: Delivery
+    session_id: str
+    run_id: str | None
+    occurred_at: Annotated[str, msgspec.Meta(min_length=1)]
+    payload: dict[str, Any]
+
+
+class ValidEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event that passed admission, ready to store."""
+
+    event_id: str
+    seq: int
+    epoch: int
+    kind: str
+    delivery: str
+    session_id: str
+    run_id: str | None
+    occurred_at: str
+    payload_json: str
+    digest: str
+
+
+class InvalidEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """`event_id` is None when the object does not even carry a readable id."""
+
+    event_id: str | None
+    message: str
+
+
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+def _event_id_of(obj: Any) -> str | None:
+    if isinstance(obj, dict):
+        value = obj.get("event_id")
+        if isinstance(value, str) and 0 < len(value) <= MAX_EVENT_ID_CHARS:
+            return value
+    return None
+
+
+def check_event(raw: bytes) -> ValidEvent | InvalidEvent:
+    """Validate one encoded event object; never raises for bad input."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        return InvalidEvent(event_id=None, message=f"not JSON: {exc}")
+    event_id = _event_id_of(obj)
+    if not isinstance(obj, dict):
+        return InvalidEvent(event_id=None, message="an event must be a JSON object")
+    try:
+        env = msgspec.convert(obj, _Envelope)
+    except msgspec.ValidationError as exc:
+        return InvalidEvent(event_id=event_id, message=f"envelope: {exc}")
+    spec = EVENT_KINDS.get(env.kind)
+    if spec is None:
+        return InvalidEvent(event_id=event_id, message=f"unknown event kind {env.kind!r}")
+    if env.delivery != spec.delivery:
+        return InvalidEvent(
+            event_id=event_id,
+            message=f"{env.kind} must have delivery {spec.delivery!r}, got {env.delivery!r}",
+        )
+    if spec.run_scoped and not env.run_id:
+        return InvalidEvent(event_id=event_id, message=f"{env.kind} is run-scoped and needs a run_id")
+    try:
+        stamp = datetime.fromisoformat(env.occurred_at)
+    except ValueError:
+        return InvalidEvent(event_id=event_id, message="occurred_at is not an ISO 8601 timestamp")
+    if stamp.tzinfo is None:
+        return InvalidEvent(event_id=event_id, message="occurred_at needs a time zone (use Z)")
+    try:
+        msgspec.convert(env.payload, spec.payload)
+    except msgspec.ValidationError as exc:
+        return InvalidEvent(event_id=event_id, message=f"payload of {env.kind}: {exc}")
+    payload_json = _canonical.encode(env.payload).decode()
+    # The digest covers everything the driver promises to keep stable across retries, so the same
+    # event_id with other content is told apart from an honest duplicate.
+    digest = hashlib.sha256(
+        _canonical.encode([env.seq, env.epoch, env.kind, env.delivery, env.session_id, env.run_id, env.occurred_at])
+        + payload_json.encode()
+    ).hexdigest()
+    return ValidEvent(
+        event_id=env.event_id,
+        seq=env.seq,
+        epoch=env.epoch,
+        kind=env.kind,
+        delivery=env.delivery,
+        session_id=env.session_id,
+        run_id=env.run_id,
+        occurred_at=env.occurred_at,
+        payload_json=payload_json,
+        digest=digest,
+    )
