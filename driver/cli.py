@@ -1,0 +1,81 @@
+"""`agent-driver run | dev | controlplane | bench`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    from driver import boot as boot_mod
+    from driver import logs
+
+    logs.configure(args.log_level)
+    try:
+        payload = boot_mod.load(args.boot_file)
+    except boot_mod.BootError as exc:
+        print(f"agent-driver: {exc}", file=sys.stderr)
+        return exc.exit_code
+    from driver.link import TransportRefused, check_transport
+
+    try:
+        check_transport(payload.control)
+    except TransportRefused as exc:
+        print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+        return boot_mod.EX_CONFIG
+    logs.REDACTOR.add([payload.control.token, *payload.execution.environment.values()])
+    import anyio
+
+    from driver.kernel import Kernel
+
+    try:
+        kernel = Kernel(payload, started_at=t0)
+    except ValueError as exc:
+        print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+        return boot_mod.EX_CONFIG
+    return anyio.run(kernel.serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agent-driver", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the driver (the sandbox entrypoint)")
+    run.add_argument("--boot-file", help="path of the one-time boot payload (or AGENT_DRIVER_BOOT_FILE)")
+    run.add_argument("--log-level", default="info")
+    dev = sub.add_parser("dev", help="the driver with an embedded reference control plane and a terminal chat")
+    dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
+    dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")
+    sub.add_parser("controlplane", help="the reference control plane", add_help=False)
+    sub.add_parser("bench", help="run the benchmarks", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "controlplane":
+        import importlib
+
+        # Imported by name: the control plane's modules are not loaded by `agent-driver run`.
+        cp_cli = importlib.import_module("driver.controlplane.cli")
+        return int(cp_cli.main(argv[1:]))
+    if argv and argv[0] == "bench":
+        import runpy
+
+        from driver.kernel import project_root
+
+        # bench/ lives beside the package in a checkout (it is not installed): run it from there.
+        sys.path.insert(0, str(project_root()))
+        sys.argv = ["bench", *argv[1:]]
+        runpy.run_module("bench", run_name="__main__")
+        return 0
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "dev":
+        from driver.dev import main as dev_main
+
+        return int(dev_main(args))
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
