@@ -326,6 +326,10 @@ class AcpAdapter(Adapter):
             if result.usage is not None:
                 await self._emit_all(turn.prompt_usage(result.usage))
             stop = "cancelled" if self._cancel_requested else result.stop_reason
+            if stop == "cancelled" and not self._cancel_requested and turn.declined:
+                # codex-acp's only reject option ("abort") ends the whole turn as cancelled. Nobody
+                # cancelled the run: it ended because the user said no, which is a normal end.
+                stop = "permission_rejected"
             await self._emit_all(turn.finish(stop))
             return self._outcome(turn, stop)
         finally:
@@ -351,7 +355,7 @@ class AcpAdapter(Adapter):
                 error_message=f"the agent stopped the turn: {stop}",
                 **common,
             )
-        if stop != "end_turn":
+        if stop not in ("end_turn", "permission_rejected"):
             log.warning("acp.unknown_stop_reason", stop_reason=stop)
         return TurnOutcome(status="completed", stop_reason=stop, **common)
 

@@ -72,6 +72,7 @@ class AcpTurn:
         self.unknown_updates: Counter[str] = Counter()
         self.malformed_updates = 0
         self.usage: dict[str, Any] | None = None
+        self.declined = False  # a permission of this turn was rejected
 
     # ---- ids --------------------------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class AcpTurn:
 
     def decline_tool(self, tool_call_id: str) -> list[Emit]:
         """The user rejected the tool's permission: it ends `declined` (PROTOCOL §6.2)."""
+        self.declined = True
         return self._complete_tool(tool_call_id, "declined", None)
 
     def finish(self, stop_reason: str) -> list[Emit]:

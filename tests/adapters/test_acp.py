@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from driver.protocol.commands import RunInput
 from driver.testing.ports import (
     RecordingEvents,
     ScriptedPermissions,
+    allow_first,
     recording_ports,
     reject_first,
 )
@@ -57,6 +58,8 @@ class Harness:
     events: RecordingEvents
     permissions: ScriptedPermissions
     cwd: Path
+    agent_name: str = "stubborn"
+    fake: Any = None  # the fake model endpoint a real agent talks to
 
     async def run(self, text: str, run_id: str = "run-1", timeout: float = 60) -> TurnOutcome:
         with anyio.fail_after(timeout):
@@ -358,3 +361,180 @@ async def test_stubborn_resume_and_reset(tmp_path: Path, stopper: Any) -> None:
     # Replayed once, on the first turn only.
     out = await lost.run("[[echo]] second", "run-2")
     assert out.final_message_text == "[[echo]] second"
+
+
+# ---- real agents ------------------------------------------------------------------------------
+
+CODEX_CONFIG = """\
+model = "gpt-5.4"
+model_provider = "fake"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "fake"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "FAKE_OPENAI_API_KEY"
+requires_openai_auth = false
+request_max_retries = 0
+stream_max_retries = 0
+
+[features]
+plugins = false
+unbounded_connection_retries = false
+shell_snapshot = false
+# With unified exec, codex-acp 0.16.0 reports no tool call at all for a shell command.
+unified_exec = false
+
+[analytics]
+enabled = false
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_openai() -> Iterator[Any]:
+    from driver.testing.fake_responses import FakeResponses
+
+    with FakeResponses() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def fake_claude() -> Iterator[Any]:
+    from driver.testing.fake_anthropic import FakeAnthropic
+
+    with FakeAnthropic() as fake:
+        yield fake
+
+
+AgentFactory = Callable[..., Harness]
+
+
+@pytest.fixture(params=["codex-acp", "claude-agent-acp"])
+def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
+    """A factory of harnesses around one real ACP agent, pointed at its fake model endpoint."""
+    name = request.param
+
+    def factory(tmp_path: Path, **kwargs: Any) -> Harness:
+        state = tmp_path / "state"
+        state.mkdir(parents=True, exist_ok=True)
+        if name == "codex-acp":
+            fake = request.getfixturevalue("fake_openai")
+            home = state / "codex"
+            home.mkdir(exist_ok=True)
+            (home / "config.toml").write_text(CODEX_CONFIG.format(base_url=fake.base_url))
+            # codex-acp refuses to install its sandbox helper under the temp dir, and CODEX_HOME is
+            # under /tmp here: a TMPDIR elsewhere keeps bwrap sandboxing working.
+            (state / "tmp").mkdir(exist_ok=True)
+            env = {"CODEX_HOME": str(home), "TMPDIR": str(state / "tmp")}
+            command = [str(CODEX_ACP)]
+            environment = {"FAKE_OPENAI_API_KEY": "sk-fake-openai-0123456789"}
+        else:
+            fake = request.getfixturevalue("fake_claude")
+            env = {
+                "ANTHROPIC_BASE_URL": fake.base_url,
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "CLAUDE_CONFIG_DIR": str(state / "claude"),
+                "CLAUDE_CODE_MAX_RETRIES": "0",
+                "IS_SANDBOX": "1",
+            }
+            command = ["node", str(CLAUDE_ACP)]
+            environment = {"ANTHROPIC_API_KEY": "sk-ant-fake-0123456789"}
+        h = make_adapter(tmp_path, command, env=env, environment=environment, **kwargs)
+        h.agent_name, h.fake = name, fake
+        return stopper(h)
+
+    return factory
+
+
+async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any]) -> TurnOutcome:
+    """Start a turn, wait for the first event of `kind`, call `action`, return the turn's outcome."""
+    outcome: list[TurnOutcome] = []
+    async with anyio.create_task_group() as tg:
+
+        async def go() -> None:
+            outcome.append(await h.adapter.run("run-1", RunInput(text=text)))
+
+        tg.start_soon(go)
+        await h.events.wait_for(kind, timeout=30)
+        await action()
+    return outcome[0]
+
+
+@pytest.mark.provider
+async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    await h.adapter.start()
+    sid = h.adapter.native_id
+    assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
+    out = await h.run("[[say:The sky is teal today.]]")
+    assert out.status == "completed" and out.stop_reason == "end_turn"
+    assert out.final_message_text == "The sky is teal today."
+    started = h.events.of("message.started")
+    assert len(started) == 1 and started[0]["message_id"] == out.final_message_id
+    deltas = "".join(p["text"] for p in h.events.of("message.delta"))
+    assert deltas == "The sky is teal today."
+    await h.adapter.stop()
+
+    # A new agent process (same state dir, as for a pet) loads the session: the model sees the
+    # earlier turn in its history.
+    again = agent(tmp_path, native_resume=sid)
+    await again.adapter.start()
+    assert again.adapter.native_id == sid and again.events.of("runtime.session.reset") == []
+    out = await again.run("[[say:resumed]]", "run-2")
+    assert out.final_message_text == "resumed"
+    assert "The sky is teal today." in str(again.fake.requests[-1])
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("decide", [allow_first, reject_first], ids=["allowed", "rejected"])
+async def test_real_permission(agent: AgentFactory, tmp_path: Path, decide: Any) -> None:
+    h = agent(tmp_path, permissions=ScriptedPermissions(decide))
+    await h.adapter.start()
+    out = await h.run("[[write:notes.txt:hello]]")
+    # codex-acp's only reject option aborts the turn (stopReason cancelled); that is not a cancel.
+    assert out.status == "completed"
+    codex_reject = h.agent_name == "codex-acp" and decide is reject_first
+    assert out.stop_reason == ("permission_rejected" if codex_reject else "end_turn")
+    assert len(h.permissions.requests) == 1
+    req = h.permissions.requests[0]
+    assert {o.kind for o in req.options} >= {"allow_once", "reject_once"}
+    completed = [p for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
+    assert [p["tool_call_id"] for p in h.events.of("tool.started")].count(req.tool_call_id) == 1
+    target = h.cwd / "notes.txt"
+    if decide is allow_first:
+        assert target.read_text().strip() == "hello"
+        assert [c["status"] for c in completed] == ["completed"]
+    else:
+        assert not target.exists()
+        assert [c["status"] for c in completed] == ["declined"]
+
+
+@pytest.mark.provider
+async def test_real_cancel_mid_stream(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    await h.adapter.start()
+    with anyio.fail_after(10):
+        out = await run_until(h, "[[slow]]", "message.delta", h.adapter.cancel)
+    assert out.status == "cancelled" and out.stop_reason == "cancelled"
+    # The 20 s stream stopped early, and the session takes another turn.
+    assert len(h.events.of("message.delta")) < 200
+    assert (await h.run("[[say:still here]]", "run-2")).final_message_text == "still here"
+
+
+@pytest.mark.provider
+async def test_real_cancel_while_permission_pending(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path, permissions=ScriptedPermissions(hold=True))
+    await h.adapter.start()
+
+    async def cancel_when_asked() -> None:
+        await h.permissions.pending.wait()
+        await h.adapter.cancel()
+
+    with anyio.fail_after(15):
+        out = await run_until(h, "[[write:notes.txt:hello]]", "tool.started", cancel_when_asked)
+    assert out.status == "cancelled"
+    assert not (h.cwd / "notes.txt").exists()
+    tool_id = h.permissions.requests[0].tool_call_id
+    statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == tool_id]
+    assert len(statuses) == 1 and statuses[0] in ("cancelled", "failed")
