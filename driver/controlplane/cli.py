@@ -1,0 +1,204 @@
+"""`agent-driver controlplane ...`: run the reference control plane, or talk to its HTTP API.
+
+agent-driver controlplane [serve] --db cp.db --token-file cp.token [--host 127.0.0.1] [--port 8765]
+                          [--http-port 8766] [--instance ID ...] [--heartbeat-ms 5000]
+    Serve ws://HOST:PORT/driver and the HTTP API on http://127.0.0.1:HTTP_PORT. The token file holds
+    the bearer token (created with a random token, mode 0600, when missing). Without --instance the
+    token may drive any instance id.
+
+agent-driver controlplane send --url http://127.0.0.1:8766 --token-file cp.token --instance ID
+                          --kind input.start [--run-id R] [--text "..."] [--field key=value ...]
+                          [--json '{"...": ...}'] [--command-id ID]
+    Queue a command (sent at once when the instance is connected). `--field` values are parsed as
+    JSON when they parse, else taken as strings. For input.start, `--text` builds `input` and a run
+    id is generated when none is given.
+
+agent-driver controlplane events   --url ... --token-file ... --instance ID [--after-seq N] [--kind K]
+agent-driver controlplane commands --url ... --token-file ... --instance ID
+agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
+agent-driver controlplane terminate --url ... --token-file ... --instance ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in CLIENT_COMMANDS:
+        return _client(argv[0], argv[1:])
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    return _serve(argv)
+
+
+# -- server -------------------------------------------------------------------------------------
+
+
+def read_or_create_token(path: Path) -> str:
+    """The token in `path`; a fresh random one (file mode 0600) if the file does not exist."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        print(f"wrote a new token to {path}", file=sys.stderr)
+    if not token:
+        raise SystemExit(f"token file {path} is empty")
+    return token
+
+
+def _serve(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="agent-driver controlplane", description="the reference control plane")
+    p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
+    p.add_argument("--token-file", required=True, type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--http-port", type=int, default=8766, help="HTTP API port on 127.0.0.1 (-1: no API)")
+    p.add_argument("--instance", action="append", default=None, help="allowed instance id (repeatable)")
+    p.add_argument("--heartbeat-ms", type=int, default=5000)
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+
+    from driver.logs import REDACTOR, configure
+
+    token = read_or_create_token(args.token_file)
+    REDACTOR.add([token])
+    configure(args.log_level)
+    return asyncio.run(_run_server(args, token))
+
+
+async def _run_server(args: argparse.Namespace, token: str) -> int:
+    from driver.controlplane.server import ControlPlane
+
+    cp = ControlPlane(
+        args.db,
+        tokens={token: args.instance},
+        host=args.host,
+        port=args.port,
+        http_port=None if args.http_port < 0 else args.http_port,
+        heartbeat_interval_ms=args.heartbeat_ms,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with cp:
+        print(f"control plane: {cp.url}  api: {cp.http_url or '-'}", file=sys.stderr, flush=True)
+        await stop.wait()
+    return 0
+
+
+# -- client -------------------------------------------------------------------------------------
+
+
+def _client(command: str, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"agent-driver controlplane {command}")
+    p.add_argument("--url", default="http://127.0.0.1:8766", help="the control plane's HTTP API")
+    p.add_argument("--token-file", required=True, type=Path)
+    if command != "faults":
+        p.add_argument("--instance", required=True)
+    if command == "send":
+        p.add_argument("--kind", required=True)
+        p.add_argument("--command-id")
+        p.add_argument("--run-id")
+        p.add_argument("--text")
+        p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--json", dest="body", help="a JSON object of fields")
+    elif command == "events":
+        p.add_argument("--after-seq", type=int)
+        p.add_argument("--kind", action="append")
+    elif command == "faults":
+        p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+        p.add_argument("--reset", action="store_true")
+    args = p.parse_args(argv)
+    token = args.token_file.read_text().strip()
+    base = args.url.rstrip("/")
+
+    if command == "faults":
+        if not args.set and not args.reset:
+            return _show(_call(base, token, "GET", "/api/faults"))
+        body = {k: v for k, v in (_pair(s) for s in args.set)}
+        if args.reset:
+            body["reset"] = True
+        return _show(_call(base, token, "POST", "/api/faults", body))
+
+    prefix = "/api/instances/" + urllib.parse.quote(args.instance, safe="")
+    if command == "send":
+        return _show(_call(base, token, "POST", prefix + "/commands", _command_body(args)))
+    if command == "events":
+        query: list[tuple[str, str]] = [("kind", k) for k in args.kind or []]
+        if args.after_seq is not None:
+            query.append(("after_seq", str(args.after_seq)))
+        suffix = "?" + urllib.parse.urlencode(query) if query else ""
+        return _show(_call(base, token, "GET", prefix + "/events" + suffix))
+    if command == "commands":
+        return _show(_call(base, token, "GET", prefix + "/commands"))
+    return _show(_call(base, token, "POST", prefix + "/terminate", {}))
+
+
+def _pair(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def _command_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.body:
+        loaded = json.loads(args.body)
+        if not isinstance(loaded, dict):
+            raise SystemExit("--json must be a JSON object")
+        body.update(loaded)
+    body.update(_pair(f) for f in args.field)
+    body["kind"] = args.kind
+    if args.command_id:
+        body["command_id"] = args.command_id
+    if args.run_id:
+        body["run_id"] = args.run_id
+    if args.text is not None:
+        body["input"] = {"text": args.text, "attachments": []}
+    if args.kind == "input.start" and "run_id" not in body:
+        body["run_id"] = f"run-{uuid.uuid4().hex[:12]}"
+    return body
+
+
+def _call(base: str, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except urllib.error.URLError as exc:
+        return 0, {"error": f"cannot reach {base}: {exc.reason}"}
+
+
+def _show(answer: tuple[int, Any]) -> int:
+    status, body = answer
+    print(json.dumps(body, indent=2))
+    return 0 if 200 <= status < 300 else 1
