@@ -99,7 +99,9 @@ class Kernel:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.journal = Journal(state_dir / "driver" / "journal.sqlite3")
         self.epoch = self.journal.bump_epoch()
-        self.outbox = Outbox(self.journal, boot.driver_instance_id, boot.session.id, self.epoch)
+        # AGENT_DRIVER_OUTBOX_MAX_EVENTS: a smaller lossless bound, for fault tests of backpressure (default 100,000).
+        max_events = int(os.environ.get("AGENT_DRIVER_OUTBOX_MAX_EVENTS") or 100_000)
+        self.outbox = Outbox(self.journal, boot.driver_instance_id, boot.session.id, self.epoch, max_events=max_events)
         self.run: Run | None = None
         self.exit_status: int | None = None
         self._done = anyio.Event()
