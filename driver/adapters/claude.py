@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import anyio
@@ -48,6 +48,7 @@ STDERR_LINES = 200
 STDERR_LINE_CHARS = 2000
 INTERRUPT_TIMEOUT_S = 5.0
 DISCONNECT_TIMEOUT_S = 10.0
+HOST_TOOL_PREFIX = "mcp__host__"  # how the CLI names the tools of the in-process `host` MCP server
 
 PERMISSION_OPTIONS: tuple[PermissionOption, ...] = (
     PermissionOption("allow_once", "allow_once", "Allow once"),
@@ -80,15 +81,16 @@ class TurnTranslator:
     permission callback) and complete from the `ToolResultBlock` in the next user message.
     """
 
-    def __init__(self, run_id: str, tools_started: set[str], declined: set[str]) -> None:
+    def __init__(self, run_id: str, tools_started: set[str], refused: dict[str, str]) -> None:
         self.run_id = run_id
         self.tools_started = tools_started
-        self.declined = declined
+        self.refused = refused  # tool call id -> "declined" | "cancelled", decided by the permission port
         self.final_message_id: str | None = None
         self.final_message_text = ""
         self.api_message_id: str | None = None
         self.streamed_messages: set[str] = set()
         self.blocks: dict[int, _Block] = {}
+        self.open_tools: dict[str, None] = {}  # started in this turn, no result yet (ordered)
         self.error_texts: list[str] = []
         self.extra = 0
         self.cancelling = False
@@ -151,9 +153,15 @@ class TurnTranslator:
                 out.append(("thought.completed", {"thought_id": current.item_id, "text": current.text}))
         return out
 
-    def close_open_blocks(self) -> list[tuple[str, dict[str, Any]]]:
-        """Complete blocks an interrupt cut off, so every started item has its completed."""
+    def close_open_items(self) -> list[tuple[str, dict[str, Any]]]:
+        """At the turn's end, complete what an interrupt cut off, so every started item (message,
+        thought, tool call) has its completed."""
         out: list[tuple[str, dict[str, Any]]] = []
+        for tool_call_id in self.open_tools:
+            status = self.refused.get(tool_call_id) or ("cancelled" if self.cancelling else "failed")
+            payload = {"tool_call_id": tool_call_id, "status": status, "output": None, "exit_code": None}
+            out.append(("tool.completed", payload))
+        self.open_tools = {}
         for index in sorted(self.blocks):
             current = self.blocks[index]
             if current.kind == "text":
@@ -192,6 +200,7 @@ class TurnTranslator:
         if tool_call_id in self.tools_started:
             return []
         self.tools_started.add(tool_call_id)
+        self.open_tools[tool_call_id] = None
         payload = {
             "tool_call_id": tool_call_id,
             "name": name,
@@ -207,8 +216,9 @@ class TurnTranslator:
         for block in message.content:
             if not isinstance(block, sdk.ToolResultBlock):
                 continue
-            if block.tool_use_id in self.declined:
-                status = "declined"
+            self.open_tools.pop(block.tool_use_id, None)
+            if block.tool_use_id in self.refused:
+                status = self.refused[block.tool_use_id]
             elif block.is_error:
                 status = "cancelled" if self.cancelling else "failed"
             else:
@@ -255,10 +265,9 @@ def usage_payload(result: Any) -> dict[str, Any]:
 
 class ClaudeAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # host_tools is not declared: the in-process `host` MCP server is not wired yet.
     # file_change is not declared: the SDK reports tool calls, not file changes.
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage"}
+        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "host_tools"}
     )
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
@@ -271,7 +280,7 @@ class ClaudeAdapter(Adapter):
         self._redact: Callable[[str], str] = redactor(config.execution.environment.values())
         self._translator: TurnTranslator | None = None
         self._tools_started: set[str] = set()
-        self._declined: set[str] = set()
+        self._refused: dict[str, str] = {}
         self._cancelling = False
         self._launcher_used = False
         self._pending_diagnostics: list[str] = []
@@ -354,6 +363,9 @@ class ClaudeAdapter(Adapter):
         else:
             kwargs["permission_mode"] = "default"
             kwargs["can_use_tool"] = self._can_use_tool
+        host = self._host_server()
+        if host is not None:
+            kwargs["mcp_servers"] = {**servers, "host": host}
         if resume is not None:
             kwargs["resume"] = resume
         if session_id is not None:
@@ -372,6 +384,27 @@ class ClaudeAdapter(Adapter):
         elif cli is not None:
             kwargs["cli_path"] = str(cli)
         return sdk.ClaudeAgentOptions(**kwargs)
+
+    def _host_server(self) -> Any:
+        """PROTOCOL §6.3: the execution's host tools as one in-process MCP server named `host`; each
+        call goes through the host-tool port (which reports `host_tool.called` and awaits the CP)."""
+        tools = self.config.execution.host_tools
+        if not tools:
+            return None
+        port = self.ports.host_tools
+
+        def handler(name: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+            async def call(arguments: dict[str, Any]) -> dict[str, Any]:
+                reply = await port.call(name, arguments)
+                return {"content": reply.content, "is_error": reply.is_error}
+
+            return call
+
+        definitions = [
+            sdk.SdkMcpTool(name=t.name, description=t.description, input_schema=t.input_schema, handler=handler(t.name))
+            for t in tools
+        ]
+        return sdk.create_sdk_mcp_server("host", tools=definitions)
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line[:STDERR_LINE_CHARS])
@@ -435,7 +468,7 @@ class ClaudeAdapter(Adapter):
             )
         self._pending_diagnostics = []
         self._cancelling = False
-        translator = TurnTranslator(run_id, self._tools_started, self._declined)
+        translator = TurnTranslator(run_id, self._tools_started, self._refused)
         self._translator = translator
         prompt = self._recovery_pending + run_input.text
         try:
@@ -463,7 +496,7 @@ class ClaudeAdapter(Adapter):
             for kind, payload in translator.translate(message):
                 await self.ports.emit(kind, payload)
             if isinstance(message, sdk.ResultMessage):
-                for kind, payload in translator.close_open_blocks():
+                for kind, payload in translator.close_open_items():
                     await self.ports.emit(kind, payload)
                 return message
         raise ProviderError(
@@ -498,7 +531,7 @@ class ClaudeAdapter(Adapter):
             status = result.api_error_status
             return TurnOutcome(
                 status="failed",
-                stop_reason=result.stop_reason or "error",
+                stop_reason="error",
                 error_code="provider.model_error" if status else "provider.error",
                 error_message=self._redact(text),
                 error_retryable=bool(status) and (status >= 500 or status == 429),
@@ -521,6 +554,9 @@ class ClaudeAdapter(Adapter):
     # -- permissions -------------------------------------------------------------------------------
 
     async def _can_use_tool(self, tool_name: str, tool_input: dict[str, Any], context: Any) -> Any:
+        if tool_name.startswith(HOST_TOOL_PREFIX):
+            # Host tools run in the control plane, which decides about them itself: no local prompt.
+            return sdk.PermissionResultAllow(updated_input=tool_input)
         tool_call_id = context.tool_use_id or f"perm-{uuid.uuid4().hex[:12]}"
         # PROTOCOL §6.2: a permission request names its tool call, so the call has started by now.
         if self._translator is not None:
@@ -539,9 +575,10 @@ class ClaudeAdapter(Adapter):
         if decision.allowed:
             updates = list(context.suggestions or []) if decision.option_kind == "allow_always" else None
             return sdk.PermissionResultAllow(updated_input=tool_input, updated_permissions=updates or None)
-        self._declined.add(tool_call_id)
         if decision.outcome == "cancelled":
+            self._refused[tool_call_id] = "cancelled"
             return sdk.PermissionResultDeny(message="The tool call was cancelled.", interrupt=True)
+        self._refused[tool_call_id] = "declined"
         if decision.outcome == "timed_out":
             return sdk.PermissionResultDeny(message="No decision was made in time; the tool call was not run.")
         return sdk.PermissionResultDeny(message="The user declined this tool call.")

@@ -3,7 +3,8 @@
 `POST /v1/messages` answers with a scripted assistant turn, streamed as server-sent events exactly as
 the real API frames them (message_start, content_block_start/delta/stop, message_delta with usage,
 message_stop), or as one JSON message when the request does not ask for a stream. The script is read
-from markers in the latest user text of the conversation (see `plan_reply`); whether a tool result
+from markers in the latest user text of the conversation (see `plan_reply`; besides the shared
+markers, `[[tool:NAME:JSON]]` calls any tool by name, e.g. an MCP tool); whether a tool result
 already follows that text decides between "call the tool" and "report it done", so the answer depends
 only on the request, never on server-side counters.
 
@@ -31,7 +32,7 @@ SLOW_CHUNKS = 400  # x 50 ms = 20 s: long enough that only a working cancel ends
 SLOW_INTERVAL_S = 0.05
 THINKING_TEXT = "Let me think about this carefully."
 
-_MARKER = re.compile(r"\[\[(say|shell|write):(.*?)\]\]", re.DOTALL)
+_MARKER = re.compile(r"\[\[(say|shell|write|tool):(.*?)\]\]", re.DOTALL)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,6 +110,13 @@ def plan_reply(body: dict[str, Any]) -> Reply:
                 Block("tool_use", tool_name="Bash", tool_input={"command": arg, "description": "Run " + arg}),
             )
         )
+    if verb == "tool":
+        # tool:NAME:JSON calls any tool by name (e.g. an MCP tool `mcp__host__echo`), then "tool done".
+        if answered:
+            return Reply((*lead, Block("text", "tool done")))
+        name, _, raw = arg.partition(":")
+        arguments = json.loads(raw) if raw.strip() else {}
+        return Reply((*lead, Block("tool_use", tool_name=name, tool_input=arguments)))
     # write: RELPATH:CONTENT
     if answered:
         return Reply((*lead, Block("text", "write done")))

@@ -4,6 +4,7 @@ driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the mo
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -12,13 +13,13 @@ from typing import Any
 import anyio
 import pytest
 
-from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
+from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.claude import ClaudeAdapter
 from driver.adapters.environment import provider_env
-from driver.protocol.boot import ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig
 from driver.protocol.commands import RunInput
-from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, FakeAnthropic
-from driver.testing.ports import RecordingEvents, ScriptedPermissions, recording_ports, reject_first
+from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
+from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
 
 pytestmark = pytest.mark.provider
 
@@ -48,6 +49,7 @@ class Harness:
         permissions: ScriptedPermissions | None = None,
         native_resume: NativeResume | None = None,
         recovery: list[RecoveryMessage] | None = None,
+        host_tools: list[HostTool] | None = None,
     ) -> tuple[ClaudeAdapter, RecordingEvents, ScriptedPermissions]:
         environment = {"ANTHROPIC_BASE_URL": self.fake.base_url, "ANTHROPIC_API_KEY": API_KEY}
         execution = ExecutionConfig(
@@ -58,6 +60,7 @@ class Harness:
             environment=environment,
             native_resume=native_resume,
             recovery_messages=recovery or [],
+            host_tools=host_tools or [],
         )
         session = SessionConfig(
             id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(self.cwd), state_dir=str(self.state)
@@ -197,8 +200,11 @@ async def test_cancel_mid_stream_then_next_turn_works(harness: Harness) -> None:
     started = {m["message_id"] for m in events.of("message.started")}
     assert started == {m["message_id"] for m in events.of("message.completed")}
 
-    again = await _run(adapter, "run-2", "[[say:still alive]]")
+    again = await _run(adapter, "run-2", "[[think]] [[say:still alive]]")
     assert again.status == "completed" and again.final_message_text == "still alive"
+    [thought] = events.of("thought.completed")
+    assert thought["text"] == THINKING_TEXT
+    assert "".join(d["text"] for d in events.of("thought.delta")) == THINKING_TEXT
 
 
 async def test_model_error_fails_the_turn_with_the_model_message(harness: Harness) -> None:
@@ -255,3 +261,64 @@ async def test_bogus_resume_starts_fresh_and_replays_recovery(harness: Harness) 
     [request] = _prompts(harness.fake, "which colour?")
     assert "my favourite colour is teal" in str(request["messages"])
     assert events.of("runtime.resume.updated")[-1]["value"] == reset["current"]
+
+
+async def test_host_tool_is_served_through_the_host_port(harness: Harness) -> None:
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    adapter, events, perms = harness.adapter(
+        host_tools=[HostTool(name="lookup", description="Look a thing up", input_schema=schema)]
+    )
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", '[[tool:mcp__host__lookup:{"q": "teal"}]]')
+
+    assert outcome.status == "completed" and outcome.final_message_text == "tool done"
+    host = adapter.ports.host_tools
+    assert isinstance(host, EchoHostTools)
+    assert host.calls == [("lookup", {"q": "teal"})]
+    assert perms.requests == []  # the control plane decides about its own tools
+    [done] = events.of("tool.completed")
+    assert done["status"] == "completed" and "lookup ok" in str(done["output"])
+
+
+async def test_cancel_while_a_permission_is_pending(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter(permissions=ScriptedPermissions(hold=True))
+    await adapter.start()
+    result: list[TurnOutcome] = []
+
+    async def turn() -> None:
+        result.append(await adapter.run("run-1", RunInput(text="[[write:pending.txt:never]]")))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(turn)
+            await perms.pending.wait()
+            # What the kernel does on turn.cancel: resolve the pending request, then interrupt.
+            perms.release(PermissionDecision("cancelled", None))
+            await adapter.cancel()
+
+    [outcome] = result
+    assert outcome.status == "cancelled"
+    assert not (harness.cwd / "pending.txt").exists()
+    [started] = events.of("tool.started")
+    [done] = events.of("tool.completed")
+    assert done["tool_call_id"] == started["tool_call_id"] == perms.requests[0].tool_call_id
+    assert done["status"] == "cancelled"
+
+
+async def test_cli_killed_mid_turn_raises_provider_crashed(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    [pgid] = adapter.process_group_ids()
+
+    async def kill_when_streaming() -> None:
+        await events.wait_for("message.delta")
+        os.killpg(pgid, signal.SIGKILL)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_when_streaming)
+            with pytest.raises(ProviderError) as caught:
+                await adapter.run("run-1", RunInput(text="[[slow]]"))
+    assert caught.value.code == "provider.crashed"
+    assert "stderr_tail" in caught.value.details
+    await adapter.stop()  # idempotent on a dead CLI
