@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
+import anyio
+
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
 
@@ -173,6 +175,18 @@ class Adapter(abc.ABC):
     def process_group_ids(self) -> list[int]:
         """Process groups the kernel may SIGTERM/SIGKILL when an interrupt is not honoured in time."""
         return []
+
+    async def wait_exited(self) -> None:
+        """Return when the provider process that `start()` spawned has exited on its own.
+
+        The kernel watches this between runs to notice a provider that died while idle and restart
+        it. It must not return for a process replaced by `reset()` or ended by `stop()`. The default
+        never returns (an adapter without a process to watch)."""
+        await anyio.sleep_forever()
+
+    def stderr_tail(self) -> str:
+        """The last lines of the provider's stderr, already redacted (for failure diagnostics)."""
+        return ""
 
     @property
     def native_id(self) -> str | None:
