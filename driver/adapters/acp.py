@@ -96,6 +96,21 @@ class AcpAdapter(Adapter):
             groups.extend(self._terminals.process_group_ids())
         return groups
 
+    async def wait_exited(self) -> None:
+        # Watch whichever agent process is current: stop() clears `_proc` before terminating it, so
+        # an exit we caused ourselves is never reported as the agent dying on its own.
+        while True:
+            proc = self._proc
+            if proc is None:
+                await anyio.sleep(0.2)
+                continue
+            await proc.exited.wait()
+            if self._proc is proc:
+                return
+
+    def stderr_tail(self) -> str:
+        return self._proc.stderr_tail() if self._proc is not None else ""
+
     def _env(self) -> dict[str, str]:
         acp = self.config.execution.acp
         return {**self.config.env, **(acp.env if acp else {})}
