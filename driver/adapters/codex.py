@@ -1,0 +1,451 @@
+"""The `openai-app-server` runtime: the real Codex binary's `app-server`, over stdio JSON-RPC.
+
+Lifecycle: `start()` writes `$CODEX_HOME/config.toml` (see `codex_config`), spawns the platform binary
+directly (not through the node wrapper), then `initialize` -> `initialized` -> `thread/start` (or
+`thread/resume` when the boot payload names a thread; a thread that cannot be resumed is replaced by a
+fresh one, reported by `runtime.session.reset`, and the recovery messages are replayed as context on
+the next turn). `run()` is one `turn/start`, mapped to events by `codex_turn.CodexTurn` until
+`turn/completed`. Approval requests from Codex go through the permissions port.
+
+Background work: the JSON-RPC read loop runs as a task on the event loop for the life of the process
+(as `ProviderProcess` does for its stderr), because the process outlives every single adapter call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import platform
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import structlog
+
+from driver.adapters.base import (
+    Adapter,
+    AdapterConfig,
+    PermissionDecision,
+    PermissionOption,
+    PermissionRequest,
+    Ports,
+    ProviderError,
+    TurnOutcome,
+)
+from driver.adapters.codex_config import CodexConfigError, CodexSettings, render_config, settings_from
+from driver.adapters.codex_turn import CodexTurn, FileTouched
+from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
+from driver.adapters.process import ProviderProcess
+from driver.protocol.commands import RunInput
+
+log = structlog.get_logger(__name__)
+
+RUNTIME = "openai-app-server"
+# npm package suffix and Rust target triple of the platform binary, by machine.
+_PLATFORMS = {
+    "x86_64": ("linux-x64", "x86_64-unknown-linux-musl"),
+    "amd64": ("linux-x64", "x86_64-unknown-linux-musl"),
+    "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
+    "arm64": ("linux-arm64", "aarch64-unknown-linux-musl"),
+}
+_HELPER_NAMES = ("codex-linux-sandbox",)
+_ITEM_APPROVALS = ("item/commandExecution/requestApproval", "item/fileChange/requestApproval")
+
+
+def codex_binary(project_root: Path, machine: str | None = None) -> Path:
+    """The platform Codex binary inside node_modules; ProviderError("provider.missing") if absent."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in _PLATFORMS:
+        raise ProviderError("provider.missing", f"codex: no binary for machine type {machine!r}")
+    package, triple = _PLATFORMS[machine]
+    path = project_root / "node_modules" / "@openai" / f"codex-{package}" / "vendor" / triple / "bin" / "codex"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ProviderError(
+            "provider.missing",
+            f"codex binary not found at {path} (install the pinned @openai/codex with `npm install`)",
+        )
+    return path
+
+
+def _sha256(path: str) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 16), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+class CodexAdapter(Adapter):
+    runtime: ClassVar[str] = RUNTIME
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "file_change"}
+    )
+    start_timeout: float = 30.0
+    stop_grace: float = 3.0
+
+    def __init__(self, config: AdapterConfig, ports: Ports) -> None:
+        super().__init__(config, ports)
+        self._cwd = Path(config.session.cwd)
+        self._proc: ProviderProcess | None = None
+        self._peer: JsonRpcPeer | None = None
+        self._peer_task: asyncio.Task[None] | None = None
+        self._thread_id: str | None = None
+        self._settings: CodexSettings | None = None
+        self._turn: CodexTurn | None = None
+        self._turn_changed = anyio.Event()
+        self._cancel_requested = anyio.Event()
+        self._turn_ended = anyio.Event()
+        self._recovery_pending: list[tuple[str, str]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def native_id(self) -> str | None:
+        return self._thread_id
+
+    def process_group_ids(self) -> list[int]:
+        return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
+
+    def _prepare_home(self) -> tuple[Path, dict[str, str]]:
+        try:
+            settings = settings_from(self.config.execution)
+            text, extra_env = render_config(settings, self.config.execution.mcp_servers)
+        except CodexConfigError as exc:
+            raise ProviderError("provider.config", str(exc)) from None
+        if settings.base_url is not None and settings.env_key not in self.config.env:
+            raise ProviderError(
+                "provider.config", f"codex: the API key variable {settings.env_key} is not in execution.environment"
+            )
+        self._settings = settings
+        home = self.config.state_dir / "codex-home"
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (home / "config.toml").write_text(text)
+        return home, extra_env
+
+    def _helper_aliases(self, binary: Path) -> Path:
+        """A folder of links to the binary under the helper names Codex dispatches on argv[0]
+        (`codex-linux-sandbox` runs commands inside the sandbox). Codex makes these itself under
+        CODEX_HOME, but refuses when CODEX_HOME is under the temporary directory, and then every
+        sandboxed command fails with "execvp codex-linux-sandbox: No such file"."""
+        folder = self.config.state_dir / "codex-bin"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in _HELPER_NAMES:
+            link = folder / name
+            if link.is_symlink() and os.readlink(link) == str(binary):
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(binary)
+        return folder
+
+    async def start(self) -> None:
+        binary = codex_binary(self.config.project_root)
+        home, extra_env = self._prepare_home()
+        env = {**self.config.env, **extra_env, "CODEX_HOME": str(home)}
+        env["PATH"] = os.pathsep.join([str(self._helper_aliases(binary)), env.get("PATH", os.defpath)])
+        env.setdefault("HOME", str(home))
+        proc = await ProviderProcess.spawn([str(binary), "app-server"], env=env, cwd=self._cwd, name="codex")
+        self._proc = proc
+        peer = JsonRpcPeer(
+            proc.stdout,
+            proc.stdin,
+            name="codex",
+            jsonrpc_version=None,
+            on_request=self._on_request,
+            on_notification=self._on_notification,
+        )
+        self._peer = peer
+        self._peer_task = asyncio.get_running_loop().create_task(peer.run(), name="codex-rpc")
+        try:
+            with anyio.fail_after(self.start_timeout):
+                await self._call("initialize", {"clientInfo": {"name": "agent-driver", "version": "0.1.0"}})
+                await peer.notify("initialized")
+                await self._open_thread()
+        except TimeoutError:
+            raise ProviderError(
+                "provider.start_timeout",
+                f"codex did not start within {self.start_timeout:g} s",
+                retryable=True,
+                details={"stderr_tail": proc.stderr_tail()},
+            ) from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _thread_params(self) -> dict[str, Any]:
+        assert self._settings is not None
+        params: dict[str, Any] = {
+            "cwd": str(self._cwd),
+            "model": self._settings.model,
+            "approvalPolicy": self._settings.approval_policy,
+            "sandbox": self._settings.sandbox,
+        }
+        if self.config.execution.system_prompt:
+            params["developerInstructions"] = self.config.execution.system_prompt
+        if self._settings.config_overrides:
+            params["config"] = self._settings.config_overrides
+        return params
+
+    async def _open_thread(self) -> None:
+        resume = self.config.execution.native_resume
+        if resume is not None and resume.runtime == RUNTIME:
+            try:
+                result = await self._call("thread/resume", {**self._thread_params(), "threadId": resume.value})
+                self._thread_id = self._thread_of(result)
+            except JsonRpcError as exc:
+                log.info("codex.resume_failed", thread_id=resume.value, error=exc.message)
+                self._thread_id = await self._new_thread()
+                self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
+                await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": self._thread_id})
+        else:
+            self._thread_id = await self._new_thread()
+        await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
+
+    async def _new_thread(self) -> str:
+        return self._thread_of(await self._call("thread/start", self._thread_params()))
+
+    @staticmethod
+    def _thread_of(result: Any) -> str:
+        thread = result.get("thread") if isinstance(result, dict) else None
+        thread_id = thread.get("id") if isinstance(thread, dict) else None
+        if not isinstance(thread_id, str):
+            raise ProviderError("provider.protocol", "codex answered without a thread id")
+        return thread_id
+
+    async def reset(self) -> tuple[str | None, str | None]:
+        previous = self._thread_id
+        self._thread_id = await self._new_thread()
+        self._recovery_pending = []
+        await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
+        return previous, self._thread_id
+
+    async def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        task, self._peer_task = self._peer_task, None
+        self._peer = None
+        with anyio.CancelScope(shield=True):
+            if proc is not None:
+                await proc.terminate(grace=self.stop_grace)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    # -- requests to Codex ---------------------------------------------------------------------
+
+    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+        """A request that fails with `provider.crashed` if Codex dies before answering."""
+        peer, proc = self._peer, self._proc
+        if peer is None or proc is None:
+            raise ProviderError("provider.not_started", "codex is not running")
+        try:
+            return await peer.request(method, params)
+        except PeerClosed:
+            raise await self._crashed(f"codex exited during {method}") from None
+
+    async def _crashed(self, message: str) -> ProviderError:
+        proc = self._proc
+        code: int | None = None
+        tail = ""
+        if proc is not None:
+            with anyio.move_on_after(2.0):
+                code = await proc.wait()
+            tail = proc.stderr_tail()
+        suffix = f" (status {code})" if code is not None else ""
+        last_line = tail.strip().rsplit("\n", 1)[-1] if tail.strip() else ""
+        if last_line:
+            suffix += f": {last_line[:300]}"
+        return ProviderError(
+            "provider.crashed", message + suffix, retryable=True, details={"stderr_tail": tail, "exit_code": code}
+        )
+
+    # -- one turn ------------------------------------------------------------------------------
+
+    def _input_items(self, run_input: RunInput) -> list[dict[str, Any]]:
+        text = run_input.text
+        if self._recovery_pending:
+            lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
+            lines += [f"{role}: {said}" for role, said in self._recovery_pending]
+            text = "\n".join(lines) + "\n\n" + text
+        items: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        for attachment in run_input.attachments:
+            # The kernel downloads attachments into cwd/inputs/ before the run.
+            path = self._cwd / "inputs" / attachment.name
+            items.append({"type": "mention", "name": attachment.name, "path": str(path)})
+        return items
+
+    async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
+        peer, proc = self._peer, self._proc
+        if peer is None or proc is None or self._thread_id is None:
+            raise ProviderError("provider.not_started", "codex has no open thread")
+        if self._turn is not None:
+            raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
+        if peer.closed.is_set() or proc.returncode is not None:
+            raise await self._crashed("codex is not running")
+        turn = CodexTurn(run_id, str(self._cwd), self._thread_id)
+        self._turn = turn
+        self._cancel_requested = anyio.Event()
+        ended = anyio.Event()  # set by turn/completed, or by Codex going away
+        self._turn_ended = ended
+        failure: ProviderError | JsonRpcError | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._interrupt_when_asked, turn)
+                tg.start_soon(self._watch_exit, peer, proc, ended)
+                try:
+                    result = await self._call(
+                        "turn/start", {"threadId": self._thread_id, "input": self._input_items(run_input)}
+                    )
+                    started = result.get("turn") if isinstance(result, dict) else None
+                    if turn.turn_id is None and isinstance(started, dict) and isinstance(started.get("id"), str):
+                        turn.turn_id = started["id"]
+                        self._notify_turn_changed()
+                    self._recovery_pending = []
+                    await ended.wait()
+                except (ProviderError, JsonRpcError) as exc:
+                    failure = exc
+                tg.cancel_scope.cancel()
+        finally:
+            self._turn = None
+        if isinstance(failure, JsonRpcError):
+            cancelled = self._cancel_requested.is_set()
+            return TurnOutcome(
+                status="cancelled" if cancelled else "failed",
+                stop_reason="cancelled" if cancelled else "error",
+                error_code="provider.error",
+                error_message=f"codex refused turn/start: {failure.message}",
+                error_details={"code": failure.code},
+            )
+        if failure is not None:
+            raise failure
+        if turn.end is None:
+            raise await self._crashed("codex exited during the turn")
+        return self._outcome(turn)
+
+    @staticmethod
+    async def _watch_exit(peer: JsonRpcPeer, proc: ProviderProcess, ended: anyio.Event) -> None:
+        """End the wait when Codex goes away: its stdout closes, or it exits (then give the reader a
+        moment to take the last lines, in case a grandchild keeps stdout open)."""
+        async with anyio.create_task_group() as tg:
+
+            async def closed() -> None:
+                await peer.closed.wait()
+                tg.cancel_scope.cancel()
+
+            async def exited() -> None:
+                await proc.exited.wait()
+                with anyio.move_on_after(2.0):
+                    await peer.closed.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(closed)
+            tg.start_soon(exited)
+        ended.set()
+
+    def _notify_turn_changed(self) -> None:
+        self._turn_changed.set()
+        self._turn_changed = anyio.Event()
+
+    async def _interrupt_when_asked(self, turn: CodexTurn) -> None:
+        """Send turn/interrupt once a cancel is asked and the turn id is known (turn/start may still be
+        in flight when the cancel arrives)."""
+        await self._cancel_requested.wait()
+        while turn.turn_id is None and turn.end is None:
+            await self._turn_changed.wait()
+        if turn.end is not None or self._peer is None:
+            return
+        try:
+            await self._peer.request("turn/interrupt", {"threadId": turn.thread_id, "turnId": turn.turn_id})
+        except (JsonRpcError, PeerClosed) as exc:
+            log.warning("codex.interrupt_failed", error=str(exc))
+
+    def _outcome(self, turn: CodexTurn) -> TurnOutcome:
+        assert turn.end is not None
+        common: dict[str, Any] = {
+            "final_message_id": turn.final_message_id,
+            "final_message_text": turn.final_message_text,
+            "usage": turn.usage_payload,
+        }
+        if turn.end.status == "interrupted" or (self._cancel_requested.is_set() and turn.end.status != "completed"):
+            return TurnOutcome(status="cancelled", stop_reason="cancelled", **common)
+        if turn.end.status == "failed":
+            return TurnOutcome(
+                status="failed",
+                stop_reason="error",
+                error_code="provider.error",
+                error_message=turn.end.error_message or "codex reported the turn as failed",
+                error_details={"codex_error": turn.end.error_info} if turn.end.error_info else None,
+                **common,
+            )
+        return TurnOutcome(status="completed", stop_reason="end_turn", **common)
+
+    async def cancel(self) -> None:
+        if self._turn is None:
+            return
+        self._cancel_requested.set()
+        # Returns once the interrupt is on its way; run() then ends with the turn's `interrupted`.
+        with anyio.move_on_after(2.0):
+            while self._turn is not None and self._turn.turn_id is None:
+                await self._turn_changed.wait()
+
+    # -- notifications and server requests -----------------------------------------------------
+
+    async def _on_notification(self, method: str, params: Any) -> None:
+        turn = self._turn
+        if turn is None or not turn.concerns(params):
+            return
+        had_turn_id = turn.turn_id is not None
+        for out in turn.handle(method, params):
+            if isinstance(out, FileTouched):
+                digest = None if out.change == "deleted" else await anyio.to_thread.run_sync(_sha256, out.path)
+                await self.ports.emit("file.changed", {"path": out.relpath, "change": out.change, "sha256": digest})
+            else:
+                await self.ports.emit(*out)
+        if turn.end is not None:
+            self._turn_ended.set()
+        if turn.end is not None or (turn.turn_id is not None and not had_turn_id):
+            self._notify_turn_changed()
+
+    async def _on_request(self, method: str, params: Any) -> Any:
+        if method not in _ITEM_APPROVALS or not isinstance(params, dict):
+            raise JsonRpcError(METHOD_NOT_FOUND, f"agent-driver does not handle {method}")
+        item_id = str(params.get("itemId") or "")
+        offered = params.get("availableDecisions")
+        # Offer "always" only where Codex lists it (a command prompt may not).
+        always = not isinstance(offered, list) or "acceptForSession" in offered
+        options = [PermissionOption("accept", "allow_once", "Allow once")]
+        if always:
+            options.append(PermissionOption("acceptForSession", "allow_always", "Allow for this session"))
+        options.append(PermissionOption("decline", "reject_once", "Decline"))
+        if method == "item/commandExecution/requestApproval":
+            command = str(params.get("command") or "")
+            request = PermissionRequest(
+                tool_call_id=item_id,
+                title=f"Run: {command}" if command else "Run a command",
+                options=tuple(options),
+                tool_name="shell",
+                tool_input={"command": command, "cwd": params.get("cwd"), "reason": params.get("reason")},
+            )
+        else:
+            paths = self._turn.change_paths.get(item_id, []) if self._turn is not None else []
+            request = PermissionRequest(
+                tool_call_id=item_id,
+                title="Edit " + ", ".join(paths) if paths else "Apply file changes",
+                options=tuple(options),
+                tool_name="apply_patch",
+                tool_input={"changes": paths, "reason": params.get("reason"), "grant_root": params.get("grantRoot")},
+            )
+        decision = await self.ports.permissions.request(request)
+        return {"decision": _codex_decision(decision)}
+
+
+def _codex_decision(decision: PermissionDecision) -> str:
+    if decision.outcome == "allowed":
+        return "acceptForSession" if decision.option_kind == "allow_always" else "accept"
+    if decision.outcome == "cancelled":
+        return "cancel"  # the run is being cancelled: Codex also interrupts the turn
+    return "decline"  # rejected, or timed out: the turn goes on without the tool

@@ -1,0 +1,312 @@
+"""The `openai-app-server` adapter against the REAL Codex binary (`codex app-server`), pointed at the
+fake Responses endpoint, fully offline. Only the model endpoint is fake."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
+from driver.adapters.codex import CodexAdapter, codex_binary
+from driver.adapters.environment import provider_env
+from driver.protocol.boot import ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.commands import RunInput
+from driver.testing.fake_responses import DEFAULT_TEXT, FakeResponses
+from driver.testing.ports import RecordingEvents, ScriptedPermissions, allow_first, recording_ports, reject_first
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "sk-fake-codex-test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeResponses]:
+    with FakeResponses() as f:
+        yield f
+
+
+class Harness:
+    def __init__(self, adapter: CodexAdapter, events: RecordingEvents, perms: ScriptedPermissions, cwd: Path):
+        self.adapter = adapter
+        self.events = events
+        self.perms = perms
+        self.cwd = cwd
+
+    async def run(self, text: str, run_id: str = "run-1", timeout: float = 30) -> TurnOutcome:
+        with anyio.fail_after(timeout):
+            return await self.adapter.run(run_id, RunInput(text=text))
+
+
+def make(
+    tmp_path: Path,
+    base_url: str,
+    *,
+    policy: str = "supervised",
+    resume: str | None = None,
+    recovery: list[RecoveryMessage] | None = None,
+    perms: ScriptedPermissions | None = None,
+    state: str = "state",
+) -> Harness:
+    cwd = tmp_path / "work"
+    cwd.mkdir(exist_ok=True)
+    state_dir = tmp_path / state
+    execution = ExecutionConfig(
+        revision="rev-1",
+        runtime="openai-app-server",
+        model="gpt-5.5",
+        permission_policy=policy,  # type: ignore[arg-type]
+        environment={"OPENAI_API_KEY": API_KEY},
+        provider_options={"base_url": base_url, "env_key": "OPENAI_API_KEY"},
+        native_resume=NativeResume(runtime="openai-app-server", value=resume) if resume else None,
+        recovery_messages=recovery or [],
+    )
+    session = SessionConfig(id="ses-1", agent_id="agt-1", kind="pet", cwd=str(cwd), state_dir=str(state_dir))
+    env = provider_env(execution.environment, home=str(state_dir / "home"))
+    config = AdapterConfig(session=session, execution=execution, state_dir=state_dir, project_root=ROOT, env=env)
+    ports, events, permissions = recording_ports(cwd, perms)
+    return Harness(CodexAdapter(config, ports), events, permissions, cwd)
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_missing_binary_is_provider_missing(tmp_path: Path) -> None:
+    with pytest.raises(ProviderError) as info:
+        codex_binary(tmp_path)
+    assert info.value.code == "provider.missing"
+    assert "npm install" in info.value.message
+    with pytest.raises(ProviderError):
+        codex_binary(ROOT, machine="sparc")
+
+
+@pytest.mark.provider
+async def test_text_thought_usage_and_offline_config(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        thread_id = h.adapter.native_id
+        assert thread_id and h.events.of("runtime.resume.updated") == [
+            {"runtime": "openai-app-server", "value": thread_id}
+        ]
+        assert h.adapter.process_group_ids() and h.adapter.process_group_ids()[0] != os.getpgid(0)
+        before = len(fake.requests)
+        outcome = await h.run("[[think]] [[say:Hi there, driver]]")
+        assert outcome.status == "completed", outcome
+        assert outcome.final_message_text == "Hi there, driver"
+        completed = h.events.of("message.completed")
+        assert completed[-1]["text"] == "Hi there, driver"
+        assert outcome.final_message_id == completed[-1]["message_id"]
+        deltas = [e["text"] for e in h.events.of("message.delta")]
+        assert "".join(deltas) == "Hi there, driver" and len(deltas) > 1
+        assert h.events.of("thought.completed")[0]["text"] == "Let me think about this carefully."
+        kinds = h.events.kinds()
+        assert kinds.index("thought.started") < kinds.index("thought.completed") < kinds.index("message.completed")
+        assert outcome.usage is not None and outcome.usage["output_tokens"] > 0
+        assert h.events.of("usage.updated")[-1]["input_tokens"] == outcome.usage["input_tokens"]
+        # The key reached the endpoint through the environment; it is on disk nowhere in CODEX_HOME's config.
+        assert fake.request_headers[before]["authorization"] == f"Bearer {API_KEY}"
+        config = (tmp_path / "state" / "codex-home" / "config.toml").read_text()
+        assert API_KEY not in config and 'env_key = "OPENAI_API_KEY"' in config
+        assert not fake.other_requests
+    finally:
+        await h.adapter.stop()
+    assert h.adapter.process_group_ids() == []
+
+
+@pytest.mark.provider
+async def test_command_approval_allowed_then_declined(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        outcome = await h.run("[[shell:touch allowed.txt]]", "run-a")
+        assert outcome.status == "completed" and outcome.final_message_text == "shell done"
+        assert (h.cwd / "allowed.txt").exists()
+        request = h.perms.requests[0]
+        assert "touch allowed.txt" in request.title and request.tool_name == "shell"
+        assert {o.kind for o in request.options} >= {"allow_once", "reject_once"}
+        started = h.events.of("tool.started")[0]
+        assert started["tool_call_id"] == request.tool_call_id and started["name"] == "shell"
+        done = h.events.of("tool.completed")[0]
+        assert (done["status"], done["exit_code"]) == ("completed", 0)
+
+        h.perms.decide = reject_first
+        outcome = await h.run("[[shell:touch declined.txt]]", "run-b")
+        assert outcome.status == "completed"
+        assert not (h.cwd / "declined.txt").exists()
+        assert len(h.perms.requests) == 2
+        declined = h.events.of("tool.completed")[1]
+        assert declined["status"] == "declined"
+        assert declined["tool_call_id"] == h.perms.requests[1].tool_call_id
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_file_change_approved_reports_file_changed(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url, perms=ScriptedPermissions(allow_first))
+    await h.adapter.start()
+    try:
+        outcome = await h.run("[[write:notes/hello.txt:hi from codex]]")
+        assert outcome.status == "completed" and outcome.final_message_text == "write done"
+        target = h.cwd / "notes" / "hello.txt"
+        assert target.read_text() == "hi from codex\n"
+        assert h.perms.requests and h.perms.requests[0].tool_name == "apply_patch"
+        assert "notes/hello.txt" in h.perms.requests[0].title
+        changed = h.events.of("file.changed")
+        assert changed == [
+            {"path": "notes/hello.txt", "change": "created", "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+        ]
+        tool = h.events.of("tool.completed")[0]
+        assert tool["status"] == "completed" and h.events.of("tool.started")[0]["name"] == "apply_patch"
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_full_access_runs_without_asking(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url, policy="full_access")
+    await h.adapter.start()
+    try:
+        outcome = await h.run("[[shell:echo free > free.txt]]")
+        assert outcome.status == "completed"
+        assert (h.cwd / "free.txt").read_text() == "free\n"
+        assert h.perms.requests == []
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_interrupt_mid_stream_then_next_turn_works(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        outcome: list[TurnOutcome] = []
+        returned = anyio.Event()
+
+        async def run_slow() -> None:
+            outcome.append(await h.adapter.run("run-slow", RunInput(text="[[slow]]")))
+            returned.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_slow)
+            await h.events.wait_for("message.delta", timeout=30)
+            asked = time.monotonic()
+            with anyio.fail_after(5):
+                await h.adapter.cancel()
+                await returned.wait()
+        assert outcome[0].status == "cancelled" and outcome[0].stop_reason == "cancelled"
+        assert time.monotonic() - asked < 5
+        # The slow reply lasts ~20 s; the turn ended long before its last word.
+        assert "word399" not in "".join(e["text"] for e in h.events.of("message.delta"))
+        after = await h.run("[[say:still here]]", "run-next")
+        assert after.status == "completed" and after.final_message_text == "still here"
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_resume_in_a_new_adapter_and_bogus_id_resets(tmp_path: Path, fake: FakeResponses) -> None:
+    first = make(tmp_path, fake.base_url)
+    await first.adapter.start()
+    try:
+        assert (await first.run("[[say:the secret word is pelican]]")).status == "completed"
+        thread_id = first.adapter.native_id
+    finally:
+        await first.adapter.stop()
+    assert thread_id
+
+    second = make(tmp_path, fake.base_url, resume=thread_id)
+    await second.adapter.start()
+    try:
+        assert second.adapter.native_id == thread_id
+        assert second.events.of("runtime.session.reset") == []
+        assert second.events.of("runtime.resume.updated") == [{"runtime": "openai-app-server", "value": thread_id}]
+        outcome = await second.run("what was the word?")
+        assert outcome.status == "completed" and outcome.final_message_text == DEFAULT_TEXT
+        # The resumed thread carried the earlier exchange to the model.
+        assert "pelican" in str(fake.requests[-1]["input"])
+    finally:
+        await second.adapter.stop()
+
+    bogus = "0199a0a0-0000-7000-8000-000000000000"
+    recovery = [RecoveryMessage(role="user", text="remember swordfish"), RecoveryMessage(role="assistant", text="ok")]
+    third = make(tmp_path, fake.base_url, resume=bogus, recovery=recovery, state="state-3")
+    await third.adapter.start()
+    try:
+        current = third.adapter.native_id
+        assert current and current != bogus
+        assert third.events.of("runtime.session.reset") == [{"previous": bogus, "current": current}]
+        assert (await third.run("[[say:replayed]]")).status == "completed"
+        assert "remember swordfish" in str(fake.requests[-1]["input"])
+        # Replayed once only.
+        assert (await third.run("[[say:again]]", "run-2")).status == "completed"
+        assert str(fake.requests[-1]["input"]).count("remember swordfish") == 1
+    finally:
+        await third.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_endpoint_error_fails_quickly_with_message(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        began = time.monotonic()
+        outcome = await h.run("[[error]]", timeout=15)
+        assert outcome.status == "failed"
+        assert time.monotonic() - began < 5
+        assert outcome.error_code == "provider.error"
+        assert outcome.error_message and "internalServerError" in outcome.error_message
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_unreachable_endpoint_fails_within_10s(tmp_path: Path) -> None:
+    h = make(tmp_path, closed_port_url())
+    await h.adapter.start()
+    try:
+        began = time.monotonic()
+        outcome = await h.run("hello", timeout=15)
+        assert outcome.status == "failed", outcome
+        assert time.monotonic() - began < 10
+        assert outcome.error_message
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_codex_killed_mid_turn_is_provider_crashed_then_restarts(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        failure: list[BaseException] = []
+
+        async def run_slow() -> None:
+            try:
+                await h.adapter.run("run-crash", RunInput(text="[[slow]]"))
+            except ProviderError as exc:
+                failure.append(exc)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run_slow)
+                await h.events.wait_for("message.delta")
+                os.killpg(h.adapter.process_group_ids()[0], signal.SIGKILL)
+        assert isinstance(failure[0], ProviderError) and failure[0].code == "provider.crashed"
+        assert "stderr_tail" in failure[0].details
+        await h.adapter.stop()
+        await h.adapter.start()
+        assert (await h.run("[[say:back]]", "run-after")).final_message_text == "back"
+    finally:
+        await h.adapter.stop()
