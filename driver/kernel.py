@@ -640,7 +640,18 @@ class Kernel:
         )
 
     # -- stop ---------------------------------------------------------------------------------------
-    async def stop(self, *, reason: str, requested_by: str, command: tuple[str, int, str] | None = None) -> None:
+    async def stop(
+        self,
+        *,
+        reason: str,
+        requested_by: str,
+        command: tuple[str, int, str] | None = None,
+        drain: bool = True,
+    ) -> None:
+        """Cancel the active run, stop the provider, drain the outbox (bounded), then let serve() exit.
+
+        `drain=False` is for a CP that terminated the instance (4410): it will store nothing more, so
+        waiting for receipts would only delay the exit; the journal keeps what was not sent."""
         if self._stopping:
             if command is not None:
                 await self._done.wait()
@@ -657,11 +668,12 @@ class Kernel:
                 await self.adapter.stop()
             except Exception as exc:
                 log.warning("provider.stop_failed", error=str(exc))
-        drained = False
-        with anyio.move_on_after(self.options.stop_drain_timeout_s):
-            await self.outbox.flush()
-            await self.outbox.drained()
-            drained = True
+        await self.outbox.flush()
+        drained = not drain  # nothing more can be delivered: what is journaled stays journaled
+        if drain:
+            with anyio.move_on_after(self.options.stop_drain_timeout_s):
+                await self.outbox.drained()
+                drained = True
         if command is not None:
             cid, seq, fp = command
             if drained:
@@ -740,7 +752,7 @@ class Kernel:
         reaction: CloseReaction = await link.run()
         log.warning("link.fatal", reason=reaction.reason, exit_status=reaction.exit_status)
         if reaction.exit_status == 0:
-            await self.stop(reason=reaction.reason, requested_by="control_plane")
+            await self.stop(reason=reaction.reason, requested_by="control_plane", drain=False)
             return
         # Fatal: stop providers and exit with the table's status; the journal keeps what is unsent.
         self._stopping = True
