@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar
 
 import anyio
@@ -470,11 +470,11 @@ class ClaudeAdapter(Adapter):
         self._cancelling = False
         translator = TurnTranslator(run_id, self._tools_started, self._refused)
         self._translator = translator
-        prompt = self._recovery_pending + run_input.text
+        prompt_uuid = str(uuid.uuid4())
         try:
-            await client.query(prompt)
+            await client.query(_one(_user_message(self._recovery_pending + run_input.text, prompt_uuid)))
             self._recovery_pending = ""
-            result = await self._drain(client, translator)
+            result = await self._drain(client, translator, prompt_uuid)
         except ProviderError:
             raise
         except Exception as exc:
@@ -488,9 +488,11 @@ class ClaudeAdapter(Adapter):
             self._translator = None
         return await self._outcome(result, translator)
 
-    async def _drain(self, client: Any, translator: TurnTranslator) -> Any:
-        """Read messages until the turn's result; emit as they come."""
+    async def _drain(self, client: Any, translator: TurnTranslator, prompt_uuid: str) -> Any:
+        """Read messages until this turn's result; emit as they come."""
         async for message in client.receive_messages():
+            if isinstance(message, sdk.ResultMessage) and _answers_other_prompt(message, prompt_uuid):
+                continue  # a late result of an earlier, interrupted turn must not end this one
             await self._note_session(getattr(message, "session_id", None) or _init_session(message))
             translator.cancelling = self._cancelling
             for kind, payload in translator.translate(message):
@@ -582,6 +584,28 @@ class ClaudeAdapter(Adapter):
         if decision.outcome == "timed_out":
             return sdk.PermissionResultDeny(message="No decision was made in time; the tool call was not run.")
         return sdk.PermissionResultDeny(message="The user declined this tool call.")
+
+
+def _user_message(text: str, prompt_uuid: str) -> dict[str, Any]:
+    # Our own uuid on the prompt comes back as the result's `user_message_uuid`: that is how a turn
+    # knows its own result.
+    return {
+        "type": "user",
+        "message": {"role": "user", "content": text},
+        "parent_tool_use_id": None,
+        "session_id": "default",
+        "uuid": prompt_uuid,
+    }
+
+
+async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield message
+
+
+def _answers_other_prompt(result: Any, prompt_uuid: str) -> bool:
+    taken = [result.user_message_uuid, *(result.user_message_uuids or [])]
+    known = [u for u in taken if u]
+    return bool(known) and prompt_uuid not in known
 
 
 def _init_session(message: Any) -> str | None:

@@ -134,13 +134,17 @@ async def test_plain_text_turn(harness: Harness) -> None:
     assert adapter.process_group_ids() == []
 
 
-async def test_full_access_runs_tools_without_asking(harness: Harness) -> None:
+async def test_full_access_runs_tools_without_asking(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A variable of the driver's own that is not on the allowlist must not reach the CLI or its tools.
+    monkeypatch.setenv("DRIVER_ONLY_CANARY", "must-not-leak")
     adapter, events, perms = harness.adapter("full_access")
     await adapter.start()
-    outcome = await _run(adapter, "run-1", "[[shell:echo made > full.txt]]")
+    outcome = await _run(adapter, "run-1", "[[shell:echo made > full.txt; env > env.txt]]")
     assert outcome.status == "completed" and outcome.final_message_text == "shell done"
     assert perms.requests == []
     assert (harness.cwd / "full.txt").read_text() == "made\n"
+    seen = (harness.cwd / "env.txt").read_text()
+    assert "CLAUDE_CONFIG_DIR=" in seen and "DRIVER_ONLY_CANARY" not in seen
     [tool] = events.of("tool.completed")
     assert tool["status"] == "completed"
 
@@ -303,6 +307,10 @@ async def test_cancel_while_a_permission_is_pending(harness: Harness) -> None:
     [done] = events.of("tool.completed")
     assert done["tool_call_id"] == started["tool_call_id"] == perms.requests[0].tool_call_id
     assert done["status"] == "cancelled"
+
+    # The interrupted turn leaves nothing behind that could end the next one early.
+    again = await _run(adapter, "run-2", "[[say:next turn]]")
+    assert again.status == "completed" and again.final_message_text == "next turn"
 
 
 async def test_cli_killed_mid_turn_raises_provider_crashed(harness: Harness) -> None:
