@@ -92,6 +92,7 @@ class CodexAdapter(Adapter):
         super().__init__(config, ports)
         self._cwd = Path(config.session.cwd)
         self._proc: ProviderProcess | None = None
+        self._proc_changed = anyio.Event()
         self._peer: JsonRpcPeer | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._thread_id: str | None = None
@@ -149,7 +150,7 @@ class CodexAdapter(Adapter):
         env["PATH"] = os.pathsep.join([str(self._helper_aliases(binary)), env.get("PATH", os.defpath)])
         env.setdefault("HOME", str(home))
         proc = await ProviderProcess.spawn([str(binary), "app-server"], env=env, cwd=self._cwd, name="codex")
-        self._proc = proc
+        self._set_proc(proc)
         peer = JsonRpcPeer(
             proc.stdout,
             proc.stdin,
@@ -223,8 +224,29 @@ class CodexAdapter(Adapter):
         await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
         return previous, self._thread_id
 
+    def _set_proc(self, proc: ProviderProcess | None) -> None:
+        self._proc = proc
+        self._proc_changed.set()
+        self._proc_changed = anyio.Event()
+
+    async def wait_exited(self) -> None:
+        # Watch whichever process is current: stop() clears `_proc` before terminating it, so an exit
+        # we caused ourselves is never reported as Codex dying on its own.
+        while True:
+            proc = self._proc
+            if proc is None:
+                await self._proc_changed.wait()
+                continue
+            await proc.exited.wait()
+            if self._proc is proc:
+                return
+
+    def stderr_tail(self) -> str:
+        return self._proc.stderr_tail() if self._proc is not None else ""
+
     async def stop(self) -> None:
-        proc, self._proc = self._proc, None
+        proc = self._proc
+        self._set_proc(None)
         task, self._peer_task = self._peer_task, None
         self._peer = None
         with anyio.CancelScope(shield=True):

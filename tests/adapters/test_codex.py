@@ -303,6 +303,7 @@ async def test_codex_killed_mid_turn_is_provider_crashed_then_restarts(tmp_path:
                 tg.start_soon(run_slow)
                 await h.events.wait_for("message.delta")
                 os.killpg(h.adapter.process_group_ids()[0], signal.SIGKILL)
+                await h.adapter.wait_exited()
         assert isinstance(failure[0], ProviderError) and failure[0].code == "provider.crashed"
         assert "stderr_tail" in failure[0].details
         await h.adapter.stop()

@@ -1,0 +1,128 @@
+"""Codex pieces without the binary: config.toml rendering and the notification -> event mapping."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from driver.adapters.base import PermissionDecision
+from driver.adapters.codex import _codex_decision
+from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
+from driver.adapters.codex_turn import CodexTurn, FileTouched
+from driver.protocol.boot import ExecutionConfig, McpServer
+from driver.protocol.events import validate_payload
+
+
+def _execution(**kw: object) -> ExecutionConfig:
+    return ExecutionConfig(revision="r", runtime="openai-app-server", **kw)  # type: ignore[arg-type]
+
+
+def test_config_is_offline_and_keeps_secrets_off_disk() -> None:
+    execution = _execution(
+        environment={"OPENAI_API_KEY": "sk-secret-value", "MCP_TOKEN": "Bearer abc", "DB_PASS": "hunter2"},
+        provider_options={"base_url": "http://127.0.0.1:9/v1", "env_key": "OPENAI_API_KEY"},
+        mcp_servers=[
+            McpServer(
+                name="docs", transport="http", url="http://mcp/", headers_from_env={"Authorization": "MCP_TOKEN"}
+            ),
+            McpServer(name="db tool", transport="stdio", command=["db-mcp", "--ro"], env={"DB_PASS": "hunter2"}),
+        ],
+    )
+    text, extra_env = render_config(settings_from(execution), execution.mcp_servers)
+    config = tomllib.loads(text)
+    provider = config["model_providers"]["agent-driver"]
+    assert config["model_provider"] == "agent-driver" and config["model"] == "gpt-5.5"
+    assert provider["base_url"] == "http://127.0.0.1:9/v1" and provider["wire_api"] == "responses"
+    assert provider["env_key"] == "OPENAI_API_KEY" and provider["request_max_retries"] == 0
+    assert config["features"] == {"plugins": False, "unbounded_connection_retries": False, "shell_snapshot": False}
+    assert config["analytics"] == {"enabled": False} and config["check_for_update_on_startup"] is False
+    assert config["mcp_servers"]["docs"]["env_http_headers"] == {"Authorization": "MCP_TOKEN"}
+    stdio = config["mcp_servers"]["db tool"]
+    assert (stdio["command"], stdio["args"], stdio["env_vars"]) == ("db-mcp", ["--ro"], ["DB_PASS"])
+    assert extra_env == {"DB_PASS": "hunter2"}
+    for secret in ("sk-secret-value", "Bearer abc", "hunter2"):
+        assert secret not in text
+
+
+def test_policy_and_option_validation() -> None:
+    assert thread_policy("full_access") == ("never", "danger-full-access")
+    assert thread_policy("supervised") == ("untrusted", "workspace-write")
+    assert settings_from(_execution(model="", provider_options={"model": "gpt-x"})).model == "gpt-x"
+    with pytest.raises(CodexConfigError):
+        settings_from(_execution(provider_options={"base_url": "ftp://x"}))
+    with pytest.raises(CodexConfigError):
+        settings_from(_execution(provider_options={"request_max_retries": -1}))
+    without = tomllib.loads(render_config(settings_from(_execution()))[0])
+    assert "model_provider" not in without and "model_providers" not in without
+
+
+def test_decisions() -> None:
+    assert _codex_decision(PermissionDecision("allowed", "accept", "allow_once")) == "accept"
+    assert _codex_decision(PermissionDecision("allowed", "acceptForSession", "allow_always")) == "acceptForSession"
+    assert _codex_decision(PermissionDecision("rejected", "decline", "reject_once")) == "decline"
+    assert _codex_decision(PermissionDecision("timed_out", None)) == "decline"
+    assert _codex_decision(PermissionDecision("cancelled", None)) == "cancel"
+
+
+def _emitted(turn: CodexTurn, method: str, params: dict[str, object]) -> list[object]:
+    out = turn.handle(method, {"threadId": "th", "turnId": "tu", **params})
+    for item in out:
+        if not isinstance(item, FileTouched):
+            validate_payload(*item)  # every payload speaks our schema
+    return out
+
+
+def test_turn_mapping_files_plan_and_open_tools() -> None:
+    turn = CodexTurn("run-1", "/w", "th", turn_id="tu")
+    assert not turn.concerns({"threadId": "other", "turnId": "tu"})
+    assert not turn.concerns({"threadId": "th", "turnId": "older"})
+    change = {
+        "type": "fileChange",
+        "id": "fc1",
+        "status": "completed",
+        "changes": [
+            {"path": "/w/a.txt", "kind": {"type": "add"}, "diff": ""},
+            {"path": "/w/old.txt", "kind": {"type": "update", "move_path": "/w/new.txt"}, "diff": ""},
+            {"path": "/w/gone.txt", "kind": {"type": "delete"}, "diff": ""},
+        ],
+    }
+    out = _emitted(turn, "item/completed", {"item": change})
+    assert [o[0] for o in out if isinstance(o, tuple)] == ["tool.started", "tool.completed"]
+    files = [(f.relpath, f.change) for f in out if isinstance(f, FileTouched)]
+    assert files == [("a.txt", "created"), ("old.txt", "deleted"), ("new.txt", "created"), ("gone.txt", "deleted")]
+
+    plan = _emitted(turn, "turn/plan/updated", {"plan": [{"step": "a", "status": "inProgress"}]})
+    assert plan == [("plan.updated", {"entries": [{"content": "a", "status": "in_progress"}]})]
+
+    command = {"type": "commandExecution", "id": "c1", "command": "sleep 9", "cwd": "/w", "status": "inProgress"}
+    _emitted(turn, "item/started", {"item": command})
+    _emitted(turn, "item/commandExecution/outputDelta", {"itemId": "c1", "delta": "partial"})
+    failed = {**command, "id": "c2", "status": "completed", "exitCode": 2, "aggregatedOutput": "boom"}
+    assert _emitted(turn, "item/completed", {"item": failed})[-1] == (
+        "tool.completed",
+        {"tool_call_id": "c2", "status": "failed", "output": "boom", "exit_code": 2},
+    )
+    usage = {"last": {"inputTokens": 5, "outputTokens": 2, "cachedInputTokens": 1, "reasoningOutputTokens": 0}}
+    _emitted(turn, "thread/tokenUsage/updated", {"tokenUsage": usage})
+    _emitted(turn, "thread/tokenUsage/updated", {"tokenUsage": usage})
+    assert turn.usage["input_tokens"] == 10
+    _emitted(turn, "error", {"error": {"message": "bad gateway", "codexErrorInfo": "other"}, "willRetry": False})
+    closing = _emitted(turn, "turn/completed", {"turn": {"id": "tu", "status": "interrupted", "items": []}})
+    # The still-running command is ended for the client, with the output it had streamed.
+    assert closing == [
+        ("tool.completed", {"tool_call_id": "c1", "status": "cancelled", "output": "partial", "exit_code": None})
+    ]
+    assert turn.end is not None and turn.end.status == "interrupted"
+    assert turn.end.error_message == "other: bad gateway"
+
+
+def test_final_message_from_item_completed_and_late_deltas_ignored() -> None:
+    turn = CodexTurn("run-1", "/w", "th", turn_id="tu")
+    first = _emitted(turn, "item/agentMessage/delta", {"itemId": "m1", "delta": "Hel"})
+    assert [o[0] for o in first if isinstance(o, tuple)] == ["message.started", "message.delta"]
+    _emitted(turn, "item/completed", {"item": {"type": "agentMessage", "id": "m1", "text": "Hello"}})
+    assert _emitted(turn, "item/agentMessage/delta", {"itemId": "m1", "delta": "late"}) == []
+    _emitted(turn, "item/completed", {"item": {"type": "agentMessage", "id": "m2", "text": "Final"}})
+    _emitted(turn, "turn/completed", {"turn": {"id": "tu", "status": "completed", "items": []}})
+    assert (turn.final_message_id, turn.final_message_text) == ("m2", "Final")
