@@ -22,8 +22,12 @@ TOKEN = "cp-token-SECRET-4242"
 INSTANCE = "drv-it.1"
 
 
-def boot_payload(tmp: Path, url: str, *, mode: str = "normal", **session: Any) -> dict[str, Any]:
-    """A payload running our own stubborn ACP agent: a real provider process, fast and model-free."""
+def boot_payload(
+    tmp: Path, url: str, *, mode: str = "normal", acp_command: list[str] | None = None, **session: Any
+) -> dict[str, Any]:
+    """A payload running our own stubborn ACP agent: a real provider process, fast and model-free.
+
+    `acp_command` runs another ACP agent instead (e.g. the fault suite's flood agent)."""
     sess: dict[str, Any] = {
         "id": "ses-it",
         "agent_id": "agt-it",
@@ -45,13 +49,15 @@ def boot_payload(tmp: Path, url: str, *, mode: str = "normal", **session: Any) -
             "permission_policy": "supervised",
             "permission_timeout_ms": 60_000,
             "environment": {"FAKE_PROVIDER_KEY": "provider-secret-777"},
-            "acp": {"command": [sys.executable, str(STUBBORN), mode]},
+            "acp": {"command": acp_command or [sys.executable, str(STUBBORN), mode]},
         },
     }
 
 
 class DriverProcess:
-    def __init__(self, tmp: Path, payload: dict[str, Any], name: str = "driver") -> None:
+    def __init__(
+        self, tmp: Path, payload: dict[str, Any], name: str = "driver", extra_env: dict[str, str] | None = None
+    ) -> None:
         self.boot = tmp / f"{name}.boot.json"
         self.boot.write_text(json.dumps(payload))
         self.boot.chmod(0o600)
@@ -59,6 +65,7 @@ class DriverProcess:
         self._stderr = self.stderr_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_DRIVER")}
         env["AGENT_DRIVER_PROJECT_ROOT"] = str(ROOT)
+        env.update(extra_env or {})  # e.g. AGENT_DRIVER_OUTBOX_MAX_EVENTS for the fault suite
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot)],
             stdout=subprocess.DEVNULL,
