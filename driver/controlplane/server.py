@@ -122,7 +122,8 @@ class ControlPlane:
         self._links: dict[str, _Link] = {}
         self._history: list[dict[str, Any]] = []
         self._heartbeats: dict[str, dict[str, Any]] = {}
-        self._broker: Broker | None = None
+        # One broker for the object's life: subscriptions and waits carry over a restart().
+        self._live = Broker()
         self._server: Server | None = None
         self._http: asyncio.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -140,16 +141,17 @@ class ControlPlane:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+        self._live.close_all()
 
     async def start(self) -> None:
         """Open the store and listen. After a `stop()`, listens again on the same ports."""
         from driver.controlplane.http_api import start_http_api
 
         loop = asyncio.get_running_loop()
-        self._broker = Broker()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cp-store")
         self._writer = await loop.run_in_executor(self._executor, Store, self.db_path)
-        self._reader = Store(self.db_path, create=False)
+        if self._reader is None:
+            self._reader = Store(self.db_path, create=False)
         self._server = await serve(
             self._handle,
             self.host,
@@ -182,8 +184,7 @@ class ControlPlane:
             self._http.close()
             await self._http.wait_closed()
             self._http = None
-        if self._broker is not None:
-            self._broker.close_all()
+        self._live.changed()
         if self._writer is not None and self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
             self._executor.shutdown(wait=True)
@@ -212,9 +213,10 @@ class ControlPlane:
 
     @property
     def store(self) -> Store:
-        """A read connection on the event loop thread (sees every committed write)."""
+        """A read connection on the event loop thread (sees every committed write); it stays usable
+        after `stop()`, so a test can inspect the history once the control plane is gone."""
         if self._reader is None:
-            raise RuntimeError("control plane is not running")
+            self._reader = Store(self.db_path, create=False)
         return self._reader
 
     def events(
@@ -369,12 +371,6 @@ class ControlPlane:
 
     # -- internals ------------------------------------------------------------------------------
 
-    @property
-    def _live(self) -> Broker:
-        if self._broker is None:
-            raise RuntimeError("control plane is not running")
-        return self._broker
-
     async def _write(self, fn: Callable[..., R], *args: Any) -> R:
         """Run a Store write in the store thread; returns after the COMMIT (and its fsync)."""
         if self._executor is None or self._writer is None:
@@ -449,13 +445,13 @@ class ControlPlane:
             close_code, close_reason = _close_of(ws)
             record.update(closed_at=now_iso(), close_code=close_code, close_reason=close_reason)
             self._history.append(record)
-            if link is not None and self._broker is not None:
-                self._broker.publish(
+            if link is not None:
+                self._live.publish(
                     link.instance_id,
                     {"type": "link", "state": "down", "connection_id": connection_id, "close_code": close_code},
                 )
-            elif self._broker is not None:
-                self._broker.changed()
+            else:
+                self._live.changed()
             log.info("link.closed", instance_id=instance_id, connection_id=connection_id, code=close_code)
 
     async def _handshake(

@@ -85,8 +85,6 @@ def check_event(raw: bytes) -> ValidEvent | InvalidEvent:
             event_id=event_id,
             message=f"{env.kind} must have delivery {spec.delivery!r}, got {env.delivery!r}",
         )
-    if spec.run_scoped and not env.run_id:
-        return InvalidEvent(event_id=event_id, message=f"{env.kind} is run-scoped and needs a run_id")
     try:
         stamp = datetime.fromisoformat(env.occurred_at)
     except ValueError:

@@ -223,7 +223,6 @@ async def test_same_event_id_with_other_content_is_a_conflict(cp: ControlPlane) 
         (lambda e: e.pop("seq"), "seq"),
         (lambda e: e.update(delivery="sometimes"), "delivery"),
         (lambda e: e.update(delivery="best_effort"), "must have delivery 'lossless'"),
-        (lambda e: e.update(run_id=None), "needs a run_id"),
         (lambda e: e.update(occurred_at="yesterday"), "occurred_at"),
         (lambda e: e["payload"].pop("revision"), "revision"),
         (lambda e: e["payload"].update(surprise=1), "surprise"),
@@ -392,3 +391,27 @@ async def test_responsive_peer_stays_connected_through_pings(tmp_path) -> None: 
             await recv(ws, timeout=0.5)
         assert cp.connected(INSTANCE)
         await ws.close()
+
+
+async def test_waits_and_subscriptions_carry_over_a_restart(cp: ControlPlane) -> None:
+    ws, _ = await handshake(cp.url, epoch=1)
+    with cp.subscribe(INSTANCE) as sub:
+        await cp.restart()
+        assert await close_code(ws) == 1012
+        ws, _ = await handshake(cp.url, epoch=1)
+        await cp.wait_connected(INSTANCE, timeout=5)
+        states = [(await sub.get(timeout=5))["state"] for _ in range(2)]
+        assert states == ["down", "up"]
+        await send(ws, batch(1, [event(1)]))
+        await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 1, timeout=5)
+    await ws.close()
+
+
+async def test_history_is_readable_after_stop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.controlplane.client import TOKEN
+
+    async with ControlPlane(tmp_path / "after.db", tokens={TOKEN: None}) as cp:
+        ws, _ = await handshake(cp.url)
+        await send(ws, batch(1, [event(1)]))
+        await recv(ws)
+    assert [e["seq"] for e in cp.events(INSTANCE)] == [1]
