@@ -274,6 +274,10 @@ class AcpAdapter(Adapter):
                     }
                 )
                 continue
+            assert self.agent is not None
+            if not self.agent.agent_capabilities.mcp_capabilities.http:
+                log.warning("acp.mcp_http_unsupported", server=server.name)
+                continue
             headers = []
             for header, var in server.headers_from_env.items():
                 if var in environment:

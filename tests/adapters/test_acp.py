@@ -17,6 +17,7 @@ What each real agent supports, as measured here (versions pinned in package.json
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -33,7 +34,14 @@ from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.environment import provider_env
 from driver.adapters.jsonrpc import JsonRpcError
-from driver.protocol.boot import AcpConfig, ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.boot import (
+    AcpConfig,
+    ExecutionConfig,
+    McpServer,
+    NativeResume,
+    RecoveryMessage,
+    SessionConfig,
+)
 from driver.protocol.commands import RunInput
 from driver.testing.ports import (
     RecordingEvents,
@@ -77,6 +85,9 @@ def make_adapter(
     native_resume: str | None = None,
     recovery: list[tuple[str, str]] | None = None,
     provider_options: dict[str, Any] | None = None,
+    mcp_servers: list[McpServer] | None = None,
+    additional_directories: list[str] | None = None,
+    memory_dir: str | None = None,
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -91,8 +102,17 @@ def make_adapter(
         native_resume=NativeResume(runtime="acp", value=native_resume) if native_resume else None,
         recovery_messages=[RecoveryMessage(role=r, text=t) for r, t in (recovery or [])],  # type: ignore[arg-type]
         provider_options=provider_options or {},
+        mcp_servers=mcp_servers or [],
     )
-    session = SessionConfig(id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(cwd), state_dir=str(state))
+    session = SessionConfig(
+        id="ses-1",
+        agent_id="agt-1",
+        kind="cattle",
+        cwd=str(cwd),
+        state_dir=str(state),
+        additional_directories=additional_directories or [],
+        memory_dir=memory_dir,
+    )
     config = AdapterConfig(
         session=session,
         execution=execution,
@@ -363,6 +383,54 @@ async def test_stubborn_resume_and_reset(tmp_path: Path, stopper: Any) -> None:
     assert out.final_message_text == "[[echo]] second"
 
 
+async def test_stubborn_env_var_authentication(tmp_path: Path, stopper: Any) -> None:
+    env = {"STUBBORN_AUTH_VAR": "STUB_TOKEN"}
+    ok = stopper(stubborn(tmp_path / "ok", env=env, environment={"STUB_TOKEN": "tok-0123456789"}))
+    await ok.adapter.start()
+    assert ok.adapter.native_id is not None
+
+    missing = stopper(stubborn(tmp_path / "missing", env=env))
+    with pytest.raises(ProviderError) as err:
+        await missing.adapter.start()
+    assert err.value.code == "provider.auth_required"
+    assert "STUB_TOKEN" in err.value.message
+
+
+async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path, stopper: Any) -> None:
+    extra, memory = tmp_path / "extra", tmp_path / "memory"
+    h = stopper(
+        stubborn(
+            tmp_path,
+            environment={"MCP_TOKEN": "Bearer s3cret-value"},
+            mcp_servers=[
+                McpServer(
+                    name="docs",
+                    transport="http",
+                    url="https://mcp.example/docs",
+                    headers_from_env={"Authorization": "MCP_TOKEN"},
+                ),
+                McpServer(name="local", transport="stdio", command=["mcp-local", "--fast"], env={"LEVEL": "2"}),
+            ],
+            additional_directories=[str(extra)],
+            memory_dir=str(memory),
+        )
+    )
+    await h.adapter.start()
+    out = await h.run("[[session]]")
+    params = json.loads(out.final_message_text)
+    assert params["cwd"] == str(h.cwd.resolve())
+    assert params["additionalDirectories"] == [str(extra), str(memory)]
+    assert params["mcpServers"] == [
+        {
+            "type": "http",
+            "name": "docs",
+            "url": "https://mcp.example/docs",
+            "headers": [{"name": "Authorization", "value": "Bearer s3cret-value"}],
+        },
+        {"name": "local", "command": "mcp-local", "args": ["--fast"], "env": [{"name": "LEVEL", "value": "2"}]},
+    ]
+
+
 # ---- real agents ------------------------------------------------------------------------------
 
 CODEX_CONFIG = """\
@@ -467,9 +535,15 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
     await h.adapter.start()
     sid = h.adapter.native_id
     assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
-    out = await h.run("[[say:The sky is teal today.]]")
+    out = await h.run("[[think]] [[say:The sky is teal today.]]")
     assert out.status == "completed" and out.stop_reason == "end_turn"
     assert out.final_message_text == "The sky is teal today."
+    thoughts = h.events.of("thought.completed")
+    assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
+    if h.agent_name == "claude-agent-acp":
+        # Only claude-agent-acp reports usage (usage_update with cost, PromptResponse.usage).
+        assert out.usage is not None and out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+        assert h.events.of("usage.updated")
     started = h.events.of("message.started")
     assert len(started) == 1 and started[0]["message_id"] == out.final_message_id
     deltas = "".join(p["text"] for p in h.events.of("message.delta"))
@@ -487,45 +561,41 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
 
 
 @pytest.mark.provider
-@pytest.mark.parametrize("decide", [allow_first, reject_first], ids=["allowed", "rejected"])
-async def test_real_permission(agent: AgentFactory, tmp_path: Path, decide: Any) -> None:
-    h = agent(tmp_path, permissions=ScriptedPermissions(decide))
+async def test_real_permission_allowed_then_rejected(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path, permissions=ScriptedPermissions(allow_first))
     await h.adapter.start()
-    out = await h.run("[[write:notes.txt:hello]]")
-    # codex-acp's only reject option aborts the turn (stopReason cancelled); that is not a cancel.
-    assert out.status == "completed"
-    codex_reject = h.agent_name == "codex-acp" and decide is reject_first
-    assert out.stop_reason == ("permission_rejected" if codex_reject else "end_turn")
-    assert len(h.permissions.requests) == 1
-    req = h.permissions.requests[0]
-    assert {o.kind for o in req.options} >= {"allow_once", "reject_once"}
-    completed = [p for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
-    assert [p["tool_call_id"] for p in h.events.of("tool.started")].count(req.tool_call_id) == 1
-    target = h.cwd / "notes.txt"
-    if decide is allow_first:
-        assert target.read_text().strip() == "hello"
-        assert [c["status"] for c in completed] == ["completed"]
-    else:
-        assert not target.exists()
-        assert [c["status"] for c in completed] == ["declined"]
+    for decide, name in ((allow_first, "allowed.txt"), (reject_first, "rejected.txt")):
+        h.permissions.decide = decide
+        asked = len(h.permissions.requests)
+        out = await h.run(f"[[write:{name}:hello]]", f"run-{name}")
+        # codex-acp's only reject option ("abort") ends the turn with stopReason cancelled; that is
+        # not a cancel of the run.
+        codex_reject = h.agent_name == "codex-acp" and decide is reject_first
+        assert out.status == "completed"
+        assert out.stop_reason == ("permission_rejected" if codex_reject else "end_turn")
+        assert len(h.permissions.requests) == asked + 1
+        req = h.permissions.requests[-1]
+        assert {o.kind for o in req.options} >= {"allow_once", "reject_once"}
+        assert [p["tool_call_id"] for p in h.events.of("tool.started")].count(req.tool_call_id) == 1
+        statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
+        target = h.cwd / name
+        if decide is allow_first:
+            assert target.read_text().strip() == "hello"
+            assert statuses == ["completed"]
+        else:
+            assert not target.exists()
+            assert statuses == ["declined"]
 
 
 @pytest.mark.provider
-async def test_real_cancel_mid_stream(agent: AgentFactory, tmp_path: Path) -> None:
-    h = agent(tmp_path)
+async def test_real_cancel_mid_stream_and_while_permission_pending(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path, permissions=ScriptedPermissions(hold=True))
     await h.adapter.start()
     with anyio.fail_after(10):
         out = await run_until(h, "[[slow]]", "message.delta", h.adapter.cancel)
     assert out.status == "cancelled" and out.stop_reason == "cancelled"
-    # The 20 s stream stopped early, and the session takes another turn.
+    # The 20 s stream (400 chunks) stopped early.
     assert len(h.events.of("message.delta")) < 200
-    assert (await h.run("[[say:still here]]", "run-2")).final_message_text == "still here"
-
-
-@pytest.mark.provider
-async def test_real_cancel_while_permission_pending(agent: AgentFactory, tmp_path: Path) -> None:
-    h = agent(tmp_path, permissions=ScriptedPermissions(hold=True))
-    await h.adapter.start()
 
     async def cancel_when_asked() -> None:
         await h.permissions.pending.wait()
@@ -538,3 +608,17 @@ async def test_real_cancel_while_permission_pending(agent: AgentFactory, tmp_pat
     tool_id = h.permissions.requests[0].tool_call_id
     statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == tool_id]
     assert len(statuses) == 1 and statuses[0] in ("cancelled", "failed")
+
+    # The session takes another turn after both cancels.
+    assert (await h.run("[[say:still here]]", "run-3")).final_message_text == "still here"
+
+
+@pytest.mark.provider
+async def test_real_full_access_never_asks(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path, policy="full_access", permissions=ScriptedPermissions(reject_first))
+    await h.adapter.start()
+    out = await h.run("[[write:notes.txt:hello]]")
+    assert out.status == "completed" and out.final_message_text == "write done"
+    assert h.permissions.requests == []
+    assert (h.cwd / "notes.txt").read_text().strip() == "hello"
+    assert [p["status"] for p in h.events.of("tool.completed")] == ["completed"]

@@ -18,7 +18,11 @@ for an agent that has no model:
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
 - `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
+- `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
 Sessions it created can be loaded again with `session/load` (it advertises `loadSession`).
+
+With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
+and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ _pending_cv = threading.Condition()
 _next_id = 0
 _sessions: set[str] = set()
 _cancelled: dict[str, threading.Event] = {}
+_session_params: dict[str, Any] = {}
+AUTH_VAR = os.environ.get("STUBBORN_AUTH_VAR")
+_authenticated = threading.Event()
 
 
 def send(message: dict[str, Any]) -> None:
@@ -144,7 +151,9 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     if "[[think]]" in text:
         chunk(session_id, "Thinking about it.", "agent_thought_chunk")
     reply = "Hello from the stubborn agent."
-    if "[[echo]]" in text:
+    if "[[session]]" in text:
+        reply = json.dumps(_session_params.get(session_id), sort_keys=True)
+    elif "[[echo]]" in text:
         reply = "\n".join(texts(params))
     elif m := re.search(r"\[\[say:(.*?)\]\]", text, re.S):
         reply = m.group(1)
@@ -169,6 +178,15 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     send({"id": rid, "result": {"stopReason": "cancelled" if cancelled else "end_turn"}})
 
 
+def auth_methods() -> list[dict[str, Any]]:
+    if not AUTH_VAR:
+        return []
+    return [
+        {"id": "stub-login", "name": "Log in"},
+        {"id": "stub-env", "type": "env_var", "name": f"Use {AUTH_VAR}", "vars": [{"name": AUTH_VAR}]},
+    ]
+
+
 def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
     if method == "initialize":
         if MODE == "no-init":
@@ -178,20 +196,35 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                 "id": rid,
                 "result": {
                     "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": True},
-                    "authMethods": [],
+                    "agentCapabilities": {
+                        "loadSession": True,
+                        "sessionCapabilities": {"additionalDirectories": {}},
+                        "mcpCapabilities": {"http": True},
+                    },
+                    "authMethods": auth_methods(),
                     "agentInfo": {"name": "stubborn", "version": "0"},
                 },
             }
         )
+    elif method == "authenticate":
+        if AUTH_VAR and params.get("methodId") == "stub-env" and os.environ.get(AUTH_VAR):
+            _authenticated.set()
+            send({"id": rid, "result": {}})
+        else:
+            send({"id": rid, "error": {"code": -32602, "message": "unknown auth method"}})
     elif method == "session/new":
+        if AUTH_VAR and not _authenticated.is_set():
+            send({"id": rid, "error": {"code": -32000, "message": "Authentication required"}})
+            return
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
+        _session_params[sid] = params
         send({"id": rid, "result": {"sessionId": sid}})
     elif method == "session/load":
         sid = params.get("sessionId", "")
         if sid.startswith("stub-"):
             _sessions.add(sid)
+            _session_params[sid] = params
             send({"id": rid, "result": {}})
         else:
             send({"id": rid, "error": {"code": -32002, "message": f"session not found: {sid}"}})
