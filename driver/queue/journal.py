@@ -184,29 +184,34 @@ class Journal:
             )
             self._set_meta("touch_counter", self._counter)
             if self._counter % 256 == 0:
-                self._db.execute(
-                    "DELETE FROM commands WHERE touched <= ? AND status IN ('completed','failed','cancelled')",
-                    (self._counter - COMMANDS_KEPT,),
-                )
+                # Only rows inside the contiguous terminal prefix are pruned, and the highest pruned seq
+                # is remembered: `last_command_seq` then knows a missing row below it was pruned, not
+                # never seen (claiming a never-seen command would stop the CP from ever resending it).
+                floor = self._last_command_seq_locked()
+                where = "touched <= ? AND seq <= ? AND status IN ('completed','failed','cancelled')"
+                args = (self._counter - COMMANDS_KEPT, floor)
+                top = self._db.execute(f"SELECT MAX(seq) FROM commands WHERE {where}", args).fetchone()[0]
+                if top is not None:
+                    self._db.execute(f"DELETE FROM commands WHERE {where}", args)
+                    self._set_meta("commands_pruned_through", max(int(top), self._meta("commands_pruned_through", 0)))
 
     def last_command_seq(self) -> int:
         """The highest seq such that every command up to it has a terminal status (0 for none).
 
         Commands are numbered from 1 by the CP; a gap (a seq never seen) stops the scan, because the
-        CP must resend that command. Pruned rows were terminal, so the scan may start above 1.
+        CP must resend that command. Rows at or below `commands_pruned_through` were pruned from the
+        terminal prefix, so the scan continues above that mark.
         """
         with self._lock:
-            rows = self._db.execute("SELECT seq, status FROM commands ORDER BY seq").fetchall()
-        last = 0
-        expected = None
+            return self._last_command_seq_locked()
+
+    def _last_command_seq_locked(self) -> int:
+        last = self._meta("commands_pruned_through", 0)
+        rows = self._db.execute("SELECT seq, status FROM commands WHERE seq > ? ORDER BY seq", (last,)).fetchall()
         for seq, status in rows:
-            seq = int(seq)
-            if expected is not None and seq != expected:
+            if int(seq) != last + 1 or status not in ("completed", "failed", "cancelled"):
                 break
-            if status not in ("completed", "failed", "cancelled"):
-                break
-            last = seq
-            expected = seq + 1
+            last = int(seq)
         return last
 
     # -- runs ---------------------------------------------------------------------------------------

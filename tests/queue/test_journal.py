@@ -1,0 +1,182 @@
+"""The journal under `state_dir` (PROTOCOL §2.2 epoch, §3 command statuses, §4.1 outbox and runs)."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver.queue.journal import COMMANDS_KEPT, SEQ_BLOCK, Journal, JournaledEvent
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "driver" / "journal.sqlite3"
+
+
+@pytest.fixture
+def journal(path: Path) -> Iterator[Journal]:
+    # synchronous=OFF keeps the thousands of writes of the pruning tests fast; durability against power
+    # loss is SQLite's job, what is tested here is what survives a reopen.
+    j = Journal(path, synchronous="OFF")
+    yield j
+    j.close()
+
+
+def reopen(j: Journal) -> Journal:
+    j.close()
+    return Journal(j.path, synchronous="OFF")
+
+
+def ev(seq: int, kind: str = "message.completed", run_id: str | None = "run-1") -> JournaledEvent:
+    return JournaledEvent(seq, f"drv/1/{seq:06d}", run_id, kind, b'{"seq":%d}' % seq)
+
+
+def test_file_is_private(journal: Journal, path: Path) -> None:
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_epoch_counts_processes_across_reopen(journal: Journal) -> None:
+    assert journal.bump_epoch() == 1
+    j = reopen(journal)
+    assert j.bump_epoch() == 2
+    j = reopen(j)
+    assert j.bump_epoch() == 3
+    j.close()
+
+
+def test_seq_reservation_never_reuses_across_reopen(journal: Journal) -> None:
+    first, end = journal.reserve_seqs()
+    assert (first, end) == (1, 1 + SEQ_BLOCK)
+    second = journal.reserve_seqs()
+    assert second[0] == end
+    j = reopen(journal)
+    third = j.reserve_seqs()
+    # The block handed out before the restart may have been partly used by best-effort events that were
+    # never journaled; the next process must start above all of it.
+    assert third[0] >= second[1]
+    j.close()
+
+
+def test_seq_reservation_starts_above_journaled_events(journal: Journal) -> None:
+    journal.append([ev(SEQ_BLOCK * 3)])
+    first, _ = journal.reserve_seqs()
+    assert first == SEQ_BLOCK * 3 + 1
+
+
+def test_events_survive_reopen_in_seq_order_with_bodies(journal: Journal) -> None:
+    journal.append([ev(3), ev(1), ev(2)])
+    j = reopen(journal)
+    assert [p[0] for p in j.pending()] == [1, 2, 3]
+    seq, event_id, run_id, kind, size = next(j.pending())
+    assert (seq, event_id, run_id, kind, size) == (1, "drv/1/000001", "run-1", "message.completed", len(b'{"seq":1}'))
+    assert j.bodies([2, 3]) == {2: b'{"seq":2}', 3: b'{"seq":3}'}
+    j.delete([1, 3])
+    assert [p[0] for p in j.pending()] == [2]
+    j.close()
+
+
+def test_append_is_idempotent_per_event(journal: Journal) -> None:
+    journal.append([ev(1)])
+    journal.append([ev(1)])
+    assert len(list(journal.pending())) == 1
+
+
+def test_command_statuses_survive_reopen(journal: Journal) -> None:
+    journal.save_command("cmd-1", 1, "fp1", "accepted", None)
+    journal.save_command("cmd-1", 1, "fp1", "completed", b'{"status":"completed"}')
+    journal.save_command("cmd-2", 2, "fp2", "accepted", None)
+    j = reopen(journal)
+    one = j.command("cmd-1")
+    assert one is not None
+    assert (one.seq, one.fingerprint, one.status, one.update_frame) == (
+        1,
+        "fp1",
+        "completed",
+        b'{"status":"completed"}',
+    )
+    assert j.command("cmd-3") is None
+    assert [c.command_id for c in j.open_commands()] == ["cmd-2"]
+    j.close()
+
+
+def test_last_command_seq_is_zero_for_none(journal: Journal) -> None:
+    assert journal.last_command_seq() == 0
+
+
+def test_last_command_seq_stops_at_a_non_terminal(journal: Journal) -> None:
+    journal.save_command("c1", 1, "f", "completed", None)
+    journal.save_command("c2", 2, "f", "accepted", None)
+    journal.save_command("c3", 3, "f", "failed", None)
+    assert journal.last_command_seq() == 1
+    journal.save_command("c2", 2, "f", "cancelled", None)
+    assert journal.last_command_seq() == 3
+
+
+def test_last_command_seq_stops_at_a_gap(journal: Journal) -> None:
+    journal.save_command("c1", 1, "f", "completed", None)
+    journal.save_command("c2", 2, "f", "completed", None)
+    journal.save_command("c4", 4, "f", "completed", None)
+    assert journal.last_command_seq() == 2
+    journal.save_command("c3", 3, "f", "failed", None)
+    assert journal.last_command_seq() == 4
+
+
+def test_last_command_seq_never_covers_a_command_never_seen(journal: Journal) -> None:
+    """Command 1 never arrived: claiming 2 would make the CP skip resending 1 forever."""
+    journal.save_command("c2", 2, "f", "completed", None)
+    assert journal.last_command_seq() == 0
+
+
+def test_pruning_keeps_at_least_1024_terminal_statuses(journal: Journal) -> None:
+    assert COMMANDS_KEPT >= 1024
+    total = COMMANDS_KEPT + 600
+    for seq in range(1, total + 1):
+        journal.save_command(f"c{seq}", seq, "f", "completed", b"{}")
+    kept = [seq for seq in range(1, total + 1) if journal.command(f"c{seq}") is not None]
+    # The newest statuses are all kept, and pruning did run (the table does not grow without bound).
+    assert kept[-1024:] == list(range(total - 1023, total + 1))
+    assert len(kept) >= 1024
+    assert journal.command("c1") is None
+    # Pruned rows were all terminal, so the contiguous terminal prefix still counts, after a reopen too.
+    assert journal.last_command_seq() == total
+    j = reopen(journal)
+    assert j.last_command_seq() == total
+    j.save_command(f"c{total + 2}", total + 2, "f", "completed", b"{}")
+    assert j.last_command_seq() == total
+    j.close()
+
+
+def test_pruning_only_takes_the_terminal_prefix(journal: Journal) -> None:
+    """A gap below must survive pruning, or a later scan could jump over a command never seen."""
+    journal.save_command("c1", 1, "f", "completed", b"{}")
+    for seq in range(3, COMMANDS_KEPT + 600):
+        journal.save_command(f"c{seq}", seq, "f", "completed", b"{}")
+    assert journal.last_command_seq() == 1
+    assert journal.command("c3") is not None
+
+
+def test_pruning_never_removes_a_non_terminal_command(journal: Journal) -> None:
+    journal.save_command("c1", 1, "f", "accepted", None)
+    for seq in range(2, COMMANDS_KEPT + 600):
+        journal.save_command(f"c{seq}", seq, "f", "completed", b"{}")
+    assert journal.command("c1") is not None
+    assert [c.command_id for c in journal.open_commands()] == ["c1"]
+
+
+def test_run_terminal_in_append_clears_the_active_run(journal: Journal) -> None:
+    journal.run_started("run-1", "cmd-1", "2026-11-29T10:00:00.000Z")
+    journal.run_started("run-2", "cmd-2", "2026-11-29T10:00:01.000Z")
+    journal.append([ev(1, "message.completed", "run-1")])
+    assert [r for r, _ in journal.active_runs()] == ["run-1", "run-2"]
+    assert not journal.has_terminal("run-1")
+    journal.append([ev(2, "run.failed", "run-1")])
+    assert journal.active_runs() == [("run-2", "cmd-2")]
+    assert journal.has_terminal("run-1")
+    j = reopen(journal)
+    assert j.active_runs() == [("run-2", "cmd-2")]
+    j.run_ended("run-2")
+    assert j.active_runs() == []
+    j.close()
