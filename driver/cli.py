@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="the driver with an embedded reference control plane and a terminal chat")
     dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
     dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")
+    dev.add_argument("--once", metavar="TEXT", default=None, help="send one input, print the reply, stop, exit")
     sub.add_parser("controlplane", help="the reference control plane", add_help=False)
     sub.add_parser("bench", help="run the benchmarks", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
