@@ -1,11 +1,993 @@
-"""`agent-driver dev`: placeholder replaced by the interactive chat (in progress)."""
+"""`agent-driver dev`: the driver with an embedded reference control plane and a terminal chat.
+
+It is the product as a sandbox runs it, on one machine: the reference control plane runs in this
+process (its SQLite store under the work dir), a one-time boot file is written, and `agent-driver run`
+starts as a separate process that dials the control plane, exactly as in a sandbox. The chat talks to
+the driver only through control-plane commands and reads only what the control plane stored, so what
+you see is what a real control plane would see. Without a provider API key the model is the offline
+fake from `driver/testing/`, and the first line of output says so.
+
+The work dir (default ./.dev):
+    controlplane.sqlite3        every stored event and command of every dev session
+    workspace/                  the agent's working directory (shared by dev sessions)
+    memory/                     the pet session's memory_dir
+    sessions/<instance>/        the driver's state_dir, driver.log (its stderr), controlplane.log
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import secrets
+import signal
 import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from driver.controlplane.live import Subscription
+    from driver.controlplane.server import ControlPlane
+
+READY_TIMEOUT_S = 120.0  # the provider may take a while on a cold machine (Claude's CLI is 200 MB)
+STOP_TIMEOUT_S = 45.0  # session.stop drains the outbox; after this the driver is terminated
+KILL_GRACE_S = 5.0
+HEARTBEAT_MS = 1000  # frequent, so /status shows fresh outbox counts
+PERMISSION_TIMEOUT_MS = 15 * 60 * 1000  # a person answers these, not a program
+RUN_TERMINALS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+AGENT_PREFIX = "agent> "
+USER_PROMPT = "you> "
+# Credentials the driver process itself never needs: they reach the provider through the boot payload.
+PROVIDER_SECRETS = frozenset({"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
+OFFLINE_MARKERS = "try [[say:TEXT]], [[shell:CMD]], [[write:PATH:TEXT]], [[think]], or [[slow]] then Ctrl-C"
+HELP = "Type a message and press Enter. /status shows the link; /quit or Ctrl-D leaves; Ctrl-C cancels a reply."
+
+Action = tuple[str, Any]  # (kind, value): what the chat loop reacts to, from stdin, signals and the pump
+
+
+class DevError(Exception):
+    """A problem worth one clear line (and exit status 1), not a traceback."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Where things live
+
+
+@dataclass(frozen=True)
+class DevPaths:
+    workdir: Path
+    instance_id: str
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "controlplane.sqlite3"
+
+    @property
+    def workspace(self) -> Path:
+        return self.workdir / "workspace"
+
+    @property
+    def memory(self) -> Path:
+        return self.workdir / "memory"
+
+    @property
+    def session_dir(self) -> Path:
+        return self.workdir / "sessions" / self.instance_id
+
+    @property
+    def state_dir(self) -> Path:
+        return self.session_dir / "state"
+
+    @property
+    def boot_file(self) -> Path:
+        return self.session_dir / "boot.json"
+
+    @property
+    def driver_log(self) -> Path:
+        return self.session_dir / "driver.log"
+
+    @property
+    def cp_log(self) -> Path:
+        return self.session_dir / "controlplane.log"
+
+    def create(self) -> None:
+        for folder in (self.workspace, self.memory):
+            folder.mkdir(parents=True, exist_ok=True)
+        # The session dir briefly holds the boot file (with the control token): owner only.
+        self.session_dir.mkdir(parents=True, mode=0o700)
+        self.state_dir.mkdir(mode=0o700)
+
+
+def new_instance_id() -> str:
+    """Unique per dev run, so every run starts at epoch 1 with a state dir of its own."""
+    return f"drv-dev-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The provider: the real API when its key is set, else the offline fake model endpoint
+
+
+@dataclass
+class ProviderSetup:
+    notice: str  # the first line of output: which model endpoint answers
+    environment: dict[str, str]  # execution.environment: given to the provider process only
+    model: str = ""
+    provider_options: dict[str, Any] = field(default_factory=dict)
+    acp: dict[str, Any] | None = None
+
+
+def _offline_notice(key_name: str, api: str, base_url: str) -> str:
+    return (
+        f"OFFLINE: {key_name} is not set, so replies come from the fake {api} endpoint at {base_url} "
+        f"({OFFLINE_MARKERS})."
+    )
+
+
+def prepare_provider(
+    runtime: str, paths: DevPaths, env: Mapping[str, str], stack: contextlib.ExitStack
+) -> ProviderSetup:
+    """Configure the runtime; a fake endpoint it starts is closed by `stack`."""
+    if runtime == "claude-agent-sdk":
+        return _claude(env, stack)
+    if runtime == "openai-app-server":
+        return _codex(env, stack)
+    if runtime == "acp":
+        return _codex_acp(paths, env, stack)
+    raise DevError(f"unknown runtime {runtime!r}")
+
+
+def _claude(env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup:
+    key = env.get("ANTHROPIC_API_KEY")
+    if key:
+        environment = {"ANTHROPIC_API_KEY": key}
+        if env.get("ANTHROPIC_BASE_URL"):
+            environment["ANTHROPIC_BASE_URL"] = env["ANTHROPIC_BASE_URL"]
+        return ProviderSetup("Using the real Anthropic API (ANTHROPIC_API_KEY is set).", environment)
+    from driver.testing.fake_anthropic import FakeAnthropic
+
+    fake = stack.enter_context(FakeAnthropic())
+    # The adapter adds the switches that keep the CLI on this one endpoint (see claude_options).
+    return ProviderSetup(
+        _offline_notice("ANTHROPIC_API_KEY", "Anthropic Messages", fake.base_url),
+        {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-ant-dev-offline-key"},
+        model="claude-sonnet-4-5",
+    )
+
+
+def _openai_endpoint(env: Mapping[str, str], stack: contextlib.ExitStack) -> tuple[str, str | None, str]:
+    """(notice, base URL or None for the provider's default, API key)."""
+    key = env.get("OPENAI_API_KEY")
+    if key:
+        return "Using the real OpenAI API (OPENAI_API_KEY is set).", env.get("OPENAI_BASE_URL"), key
+    from driver.testing.fake_responses import FakeResponses
+
+    fake = stack.enter_context(FakeResponses())
+    notice = _offline_notice("OPENAI_API_KEY", "OpenAI Responses", fake.base_url)
+    return notice, fake.base_url, "sk-dev-offline-key"
+
+
+def _codex(env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup:
+    if importlib.util.find_spec("driver.adapters.codex") is None:
+        raise DevError("the openai-app-server adapter is not part of this build yet; try --runtime claude-agent-sdk")
+    notice, base_url, key = _openai_endpoint(env, stack)
+    options: dict[str, Any] = {"env_key": "OPENAI_API_KEY"}
+    if base_url:
+        options["base_url"] = base_url
+    return ProviderSetup(notice, {"OPENAI_API_KEY": key}, provider_options=options)
+
+
+CODEX_ACP_CONFIG = """\
+{model_line}model_provider = "dev"
+check_for_update_on_startup = false
+
+[model_providers.dev]
+name = "dev"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "OPENAI_API_KEY"
+requires_openai_auth = false
+request_max_retries = 0
+stream_max_retries = 0
+
+[features]
+plugins = false
+unbounded_connection_retries = false
+shell_snapshot = false
+unified_exec = false
+
+[analytics]
+enabled = false
+"""
+
+
+def codex_acp_binary() -> Path:
+    from driver.kernel import project_root
+
+    modules = project_root() / "node_modules"
+    for candidate in (
+        modules / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp",
+        modules / ".bin" / "codex-acp",
+    ):
+        if candidate.exists():
+            return candidate
+    raise DevError(f"codex-acp is not installed under {modules}; run `make setup`")
+
+
+def _codex_acp(paths: DevPaths, env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup:
+    """The `acp` runtime with codex-acp as the agent, configured through its own CODEX_HOME."""
+    binary = codex_acp_binary()
+    notice, base_url, key = _openai_endpoint(env, stack)
+    home = paths.session_dir / "codex-home"
+    tmp = paths.session_dir / "tmp"  # codex-acp will not install its sandbox helper under /tmp
+    for folder in (home, tmp):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    offline = not env.get("OPENAI_API_KEY")
+    (home / "config.toml").write_text(
+        CODEX_ACP_CONFIG.format(
+            model_line='model = "gpt-5.4"\n' if offline else "",
+            base_url=base_url or "https://api.openai.com/v1",
+        )
+    )
+    acp = {"command": [str(binary)], "env": {"CODEX_HOME": str(home), "TMPDIR": str(tmp)}}
+    return ProviderSetup(notice, {"OPENAI_API_KEY": key}, acp=acp)
+
+
+# --------------------------------------------------------------------------------------------------
+# The boot payload and the driver process
+
+
+def boot_payload(
+    paths: DevPaths, control_url: str, token: str, runtime: str, provider: ProviderSetup
+) -> dict[str, Any]:
+    """A pet session with no idle exit: the driver must not leave while the user is typing."""
+    execution: dict[str, Any] = {
+        "revision": "rev-dev",
+        "runtime": runtime,
+        "model": provider.model,
+        "permission_policy": "supervised",
+        "permission_timeout_ms": PERMISSION_TIMEOUT_MS,
+        "environment": provider.environment,
+        "provider_options": provider.provider_options,
+    }
+    if provider.acp is not None:
+        execution["acp"] = provider.acp
+    return {
+        "protocol": 1,
+        "driver_instance_id": paths.instance_id,
+        "control": {"url": control_url, "token": token},
+        "session": {
+            "id": "ses-" + paths.instance_id.removeprefix("drv-"),
+            "agent_id": "agt-dev",
+            "kind": "pet",
+            "cwd": str(paths.workspace),
+            "state_dir": str(paths.state_dir),
+            "memory_dir": str(paths.memory),
+            "idle_exit_ms": None,
+        },
+        "execution": execution,
+    }
+
+
+def write_boot_file(path: Path, payload: Mapping[str, Any]) -> None:
+    """Create the file with mode 0600 from the start (never a moment readable by others)."""
+    from driver.protocol.boot import BOOT_DECODER
+
+    data = json.dumps(payload).encode()
+    BOOT_DECODER.decode(data)  # a mistake here should fail in dev, with a traceback, not in the driver
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def driver_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The driver's own environment: ours minus boot-file/token variables and provider credentials."""
+    from driver.adapters.environment import FORBIDDEN
+
+    return {k: v for k, v in env.items() if k not in FORBIDDEN and k not in PROVIDER_SECRETS}
+
+
+async def launch_driver(paths: DevPaths, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """`agent-driver run` as a real process, in a session of its own so the terminal's Ctrl-C reaches
+    only this chat (which turns it into a command), never the driver."""
+    with paths.driver_log.open("ab") as log:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "driver.cli",
+            "run",
+            "--boot-file",
+            str(paths.boot_file),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=driver_environment(env),
+            cwd=str(paths.workspace),
+            start_new_session=True,
+        )
+
+
+async def end_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the driver's process group, SIGKILL it if it lingers."""
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        if proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+
+
+def log_tail(path: Path, lines: int = 12) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+# --------------------------------------------------------------------------------------------------
+# What the terminal shows (no I/O)
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def choose_option(options: Sequence[Mapping[str, Any]], allow: bool) -> str | None:
+    """The option id to answer with, chosen by kind (never by position): once before always."""
+    wanted = ("allow_once", "allow_always") if allow else ("reject_once", "reject_always")
+    for kind in wanted:
+        for option in options:
+            if option.get("kind") == kind:
+                return str(option.get("option_id"))
+    return None
+
+
+@dataclass
+class Status:
+    """What `/status` and the line after each run show."""
+
+    connected: bool = False
+    lossless_pending: int | None = None
+    best_effort_dropped: int | None = None
+    last_run: str | None = None
+    last_terminal: str | None = None
+
+    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+        outbox = beat.get("outbox") or {}
+        self.lossless_pending = outbox.get("lossless_pending")
+        self.best_effort_dropped = outbox.get("best_effort_dropped")
+
+    def line(self) -> str:
+        link = "connected" if self.connected else "not connected"
+        if self.lossless_pending is None:
+            outbox = "no heartbeat yet"
+        else:
+            outbox = f"{self.lossless_pending} lossless pending, {self.best_effort_dropped} best-effort dropped"
+        run = "none yet" if self.last_run is None else f"{self.last_run} {self.last_terminal or 'running'}"
+        return f"[status] link {link} | outbox {outbox} (last heartbeat) | last run {run}"
+
+
+class Transcript:
+    """Turns stored events into terminal text. Best-effort deltas are printed as they arrive; the
+    lossless `message.completed` arbitrates: what the deltas missed is printed then, and if they
+    disagree with it the whole message is printed again. Lines of notes never split a word of a
+    message: an open message line is ended first and resumed with the prefix again."""
+
+    def __init__(self, color: bool = False) -> None:
+        self.color = color
+        self._shown: dict[str, str] = {}
+        self._closed: set[str] = set()
+        self._not_assistant: set[str] = set()
+        self._open: str | None = None
+        self._at_line_start = True
+        self._tools: dict[str, str] = {}
+        self._messages_in_run = 0
+
+    def mark_line_start(self, at_start: bool) -> None:
+        """Tell where the cursor is after something written outside (a prompt, the user's Enter)."""
+        self._at_line_start = at_start
+        self._open = None
+
+    def line(self, text: str) -> str:
+        """`text` on a line of its own."""
+        out = "" if self._at_line_start else "\n"
+        self._open = None
+        self._at_line_start = True
+        if self.color:
+            text = f"\x1b[2m{text}\x1b[0m"
+        return out + text + "\n"
+
+    def event(self, event: Mapping[str, Any]) -> str:
+        kind = str(event.get("kind"))
+        payload: Mapping[str, Any] = event.get("payload") or {}
+        if kind == "run.started":
+            self._messages_in_run = 0
+        if kind == "message.started":
+            if payload.get("role") != "assistant":
+                self._not_assistant.add(str(payload.get("message_id")))
+            return ""
+        if kind == "message.delta":
+            return self._delta(str(payload.get("message_id")), str(payload.get("text") or ""))
+        if kind == "message.completed":
+            return self._completed(payload)
+        if kind == "run.completed" and self._messages_in_run == 0 and payload.get("final_message_text"):
+            # No message events came through (a provider without them): the terminal carries the text.
+            return self._completed(
+                {"message_id": f"final:{event.get('run_id')}", "text": payload["final_message_text"]}
+            )
+        note = self._note(kind, payload)
+        return self.line(note) if note else ""
+
+    def _write(self, message_id: str, text: str) -> str:
+        out = ""
+        if self._open != message_id:
+            out = ("" if self._at_line_start else "\n") + AGENT_PREFIX
+            self._open = message_id
+        out += text
+        self._at_line_start = out.endswith("\n")
+        return out
+
+    def _delta(self, message_id: str, text: str) -> str:
+        if not text or message_id in self._closed or message_id in self._not_assistant:
+            return ""
+        self._shown[message_id] = self._shown.get(message_id, "") + text
+        return self._write(message_id, text)
+
+    def _completed(self, payload: Mapping[str, Any]) -> str:
+        message_id = str(payload.get("message_id"))
+        if message_id in self._closed:
+            return ""
+        self._closed.add(message_id)
+        shown = self._shown.pop(message_id, "")
+        if message_id in self._not_assistant or payload.get("role", "assistant") != "assistant":
+            return ""
+        full = str(payload.get("text") or "")
+        if not full and not shown:
+            return ""
+        self._messages_in_run += 1
+        if full.startswith(shown):
+            rest = full[len(shown) :]
+            out = self._write(message_id, rest) if rest else ""
+        else:
+            # The deltas said something else (lost or reordered): the completed text is the truth.
+            self._open = None
+            out = self._write(message_id, full)
+        if not self._at_line_start:
+            out += "\n"
+        self._open = None
+        self._at_line_start = True
+        return out
+
+    def _note(self, kind: str, p: Mapping[str, Any]) -> str | None:
+        if kind == "driver.started":
+            timings = p.get("timings") or {}
+            started = timings.get("provider_start_ms")
+            if started is None:
+                return f"[driver] up, but the {p.get('runtime')} provider did not start (see the diagnostic above)"
+            return f"[driver] ready: {p.get('runtime')} started in {started:.0f} ms (boot {timings.get('boot_ms')} ms)"
+        if kind == "run.failed":
+            error = p.get("error") or {}
+            return f"[run failed] {error.get('code')}: {error.get('message')}"
+        if kind == "run.cancelled":
+            details = p.get("details") or {}
+            return f"[run cancelled] by {p.get('requested_by')} (phase: {details.get('phase')})"
+        if kind == "thought.completed":
+            return f"[thinking] {_short(p.get('text', ''))}"
+        if kind == "tool.started":
+            tool_id = str(p.get("tool_call_id"))
+            name = str(p.get("name") or "tool")
+            self._tools[tool_id] = name
+            return f"[tool] {name}: {_short(p.get('title') or p.get('input') or '')}"
+        if kind == "tool.completed":
+            name = self._tools.get(str(p.get("tool_call_id")), "tool")
+            status, code = p.get("status"), p.get("exit_code")
+            if status == "completed" and code in (None, 0):
+                return None
+            return f"[tool] {name} {status}" + ("" if code is None else f" (exit {code})")
+        if kind == "permission.resolved":
+            return f"[permission] {p.get('outcome')} (decided by {p.get('decided_by')})"
+        if kind == "file.changed":
+            return f"[file] {p.get('change')} {p.get('path')}"
+        if kind == "artifact.produced":
+            return f"[artifact] {p.get('path')} ({p.get('size')} bytes)"
+        if kind == "plan.updated":
+            entries = p.get("entries") or []
+            return "[plan] " + _short("; ".join(f"{e.get('status')}: {e.get('content')}" for e in entries), 160)
+        if kind == "diagnostic.reported":
+            return f"[{p.get('severity')}] {p.get('code')}: {p.get('message')}"
+        if kind == "runtime.session.reset":
+            return "[session] the provider could not resume and started a fresh session"
+        if kind == "host_tool.called":
+            return f"[host tool] {p.get('name')} was called, but dev offers no host tools"
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The chat: one loop over actions (lines, signals, and what the control plane reports)
+
+
+@dataclass
+class _Run:
+    run_id: str
+    command_id: str
+    cancel_sent: bool = False
+    terminal_seen: bool = False
+
+
+class DevChat:
+    """Sends commands through the control plane and shows the events it stores.
+
+    Every state change happens in `serve`'s loop, one action at a time: typed lines, Ctrl-C, the
+    driver's exit, and the pump's notices (ready, run ended, permission asked). Lines typed while a
+    run is active wait their turn, so a script can type ahead and `/quit` last.
+    """
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        instance_id: str,
+        driver: asyncio.subprocess.Process,
+        paths: DevPaths,
+        out: TextIO,
+        *,
+        once: str | None,
+        prompts: bool,
+        color: bool,
+    ) -> None:
+        self.cp = cp
+        self.instance_id = instance_id
+        self.driver = driver
+        self.paths = paths
+        self.out = out
+        self.once = once
+        self.prompts = prompts  # stdin is a terminal: show "you> " and "allow? [y/n] "
+        self.actions: asyncio.Queue[Action] = asyncio.Queue()
+        self.transcript = Transcript(color)
+        self.status = Status()
+        self.phase = "starting"  # starting | idle | running | stopping
+        self.run: _Run | None = None
+        self.waiting: deque[Action] = deque()  # typed ahead: ("input", text) | ("quit", None)
+        self.permissions: deque[Mapping[str, Any]] = deque()
+        self.stdin_open = once is None
+        self.commands: dict[str, str] = {}  # command id -> kind, for commands this chat sent
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- output ---------------------------------------------------------------------------------
+    def write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def say(self, text: str) -> None:
+        self.write(self.transcript.line(text))
+
+    def prompt(self) -> None:
+        if self.prompts and self.phase == "idle" and not self.waiting and not self.permissions:
+            self.write(USER_PROMPT)
+            self.transcript.mark_line_start(False)
+
+    def push(self, action: Action) -> None:
+        self.actions.put_nowait(action)
+
+    # -- the pump: control-plane items -> output and actions --------------------------------------
+    async def pump(self, sub: Subscription) -> None:
+        async for item in sub:
+            kind = item.get("type")
+            if kind == "event":
+                self._on_event(item)
+            elif kind == "heartbeat":
+                self.status.heartbeat(item)
+            elif kind == "link":
+                self._on_link(item)
+            elif kind == "command.update":
+                self._on_update(item)
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        self.write(self.transcript.event(event))
+        kind = event["kind"]
+        run = self.run
+        if kind == "driver.started":
+            self.push(("ready", None))
+        elif kind in RUN_TERMINALS and run is not None and event.get("run_id") == run.run_id:
+            run.terminal_seen = True
+            self.push(("run_ended", kind))
+        elif kind == "permission.requested":
+            self.push(("permission", event["payload"]))
+        elif kind == "permission.resolved":
+            self.push(("permission_settled", event["payload"].get("request_id")))
+
+    def _on_link(self, item: Mapping[str, Any]) -> None:
+        self.status.connected = item.get("state") == "up"
+        if not self.status.connected and self.phase != "stopping":
+            self.say(f"[link] down (close code {item.get('close_code')}); the driver reconnects by itself")
+        elif self.status.connected and self.phase != "starting":
+            self.say("[link] up again")
+
+    def _on_update(self, item: Mapping[str, Any]) -> None:
+        kind = self.commands.get(str(item.get("command_id")))
+        if kind is None or item.get("status") != "failed":
+            return
+        error = item.get("error") or {}
+        run = self.run
+        if kind == "input.start":
+            if run is None or run.command_id != item.get("command_id") or run.terminal_seen:
+                return  # the run's own terminal event already told the story
+            run.terminal_seen = True
+            self.say(f"[input refused] {error.get('code')}: {error.get('message')}")
+            self.push(("run_ended", "refused"))
+            return
+        self.say(f"[{kind} failed] {error.get('code')}: {error.get('message')}")
+
+    # -- commands -------------------------------------------------------------------------------
+    async def send(self, kind: str, **fields: Any) -> str:
+        command_id = f"cmd-dev-{uuid.uuid4().hex[:16]}"
+        self.commands[command_id] = kind  # before sending: its update may come back at once
+        await self.cp.send_command(self.instance_id, kind, command_id=command_id, **fields)
+        return command_id
+
+    async def start_run(self, text: str) -> None:
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        command_id = f"cmd-dev-{uuid.uuid4().hex[:16]}"
+        self.run = _Run(run_id, command_id)
+        self.phase = "running"
+        self.commands[command_id] = "input.start"
+        await self.cp.send_command(
+            self.instance_id, "input.start", command_id=command_id, run_id=run_id, input={"text": text}
+        )
+
+    async def stop(self, why: str) -> None:
+        if self.phase == "stopping":
+            return
+        self.phase = "stopping"
+        dropped = sum(1 for kind, _ in self.waiting if kind == "input")
+        self.waiting.clear()
+        self.say(f"[dev] stopping the session ({why}){f'; {dropped} typed input(s) dropped' if dropped else ''}")
+        self._spawn(self._stop_watchdog())
+        await self.send("session.stop", reason=f"dev: {why}")
+
+    async def _stop_watchdog(self) -> None:
+        await asyncio.sleep(STOP_TIMEOUT_S)
+        self.say(f"[dev] the driver did not stop within {STOP_TIMEOUT_S:.0f} s; terminating it")
+        await end_process(self.driver)
+
+    async def _ready_watchdog(self) -> None:
+        await asyncio.sleep(READY_TIMEOUT_S)
+        if self.phase == "starting":
+            self.say(f"[dev] the driver was not ready within {READY_TIMEOUT_S:.0f} s; see {self.paths.driver_log}")
+            self.push(("stop", "not ready"))
+
+    async def _watch_driver(self) -> None:
+        self.push(("driver_exited", await self.driver.wait()))
+
+    def _spawn(self, coro: Any) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))
+
+    # -- the loop -------------------------------------------------------------------------------
+    async def serve(self, sub: Subscription) -> int:
+        """Run until the driver has exited; the exit status of `agent-driver dev`."""
+        self._spawn(self.pump(sub))
+        self._spawn(self._watch_driver())
+        self._spawn(self._ready_watchdog())
+        try:
+            while True:
+                kind, value = await self.actions.get()
+                result = await self.handle(kind, value)
+                if result is not None:
+                    return result
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def handle(self, kind: str, value: Any) -> int | None:
+        if kind == "driver_exited":
+            return self._driver_exited(int(value))
+        if kind == "interrupt":
+            await self._interrupt()
+        elif kind == "stop":
+            await self.stop(str(value))
+        elif kind == "ready":
+            await self._ready()
+        elif kind == "run_ended":
+            await self._run_ended(str(value))
+        elif kind == "permission":
+            self.permissions.append(value)
+            if len(self.permissions) == 1:
+                await self._ask_permission()
+        elif kind == "permission_settled":
+            await self._permission_settled(str(value))
+        elif kind == "line":
+            self.transcript.mark_line_start(True)  # the user pressed Enter
+            await self._line(str(value))
+        elif kind == "eof":
+            self.stdin_open = False
+            if self.permissions:
+                await self._answer_permission(False, "stdin closed")
+            self.waiting.append(("quit", None))
+            await self._next_waiting()
+        return None
+
+    async def _ready(self) -> None:
+        if self.phase != "starting":
+            return  # a provider restart announces itself again
+        self.phase = "idle"
+        self.status.connected = self.cp.connected(self.instance_id)
+        if self.once is not None:
+            await self.start_run(self.once)
+            return
+        await self._next_waiting()
+        self.prompt()
+
+    async def _run_ended(self, terminal: str) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.status.last_run, self.status.last_terminal = run.run_id, terminal.removeprefix("run.")
+        self.run = None
+        self.permissions.clear()
+        if self.phase == "running":
+            self.phase = "idle"
+        self.say(self.status.line())
+        if self.once is not None:
+            await self.stop("--once run ended")
+            return
+        await self._next_waiting()
+        self.prompt()
+
+    async def _next_waiting(self) -> None:
+        """Start what was typed ahead, if the driver is idle."""
+        if self.phase != "idle" or not self.waiting:
+            return
+        kind, value = self.waiting.popleft()
+        if kind == "quit":
+            await self.stop("user quit")
+        else:
+            await self.start_run(str(value))
+
+    async def _line(self, raw: str) -> None:
+        text = raw.rstrip("\r\n")
+        if self.permissions:
+            answer = text.strip().lower()
+            if answer in ("y", "yes", "n", "no"):
+                await self._answer_permission(answer.startswith("y"), "")
+            else:
+                self.say("[permission] please answer y or n")
+                self._ask_again()
+            return
+        command = text.strip()
+        if command == "/status":
+            self.say(self.status.line())
+        elif command == "/help":
+            self.say(HELP)
+        elif command in ("/quit", "/exit"):
+            self.waiting.append(("quit", None))
+        elif command:
+            if self.phase in ("starting", "running"):
+                self.say("[dev] queued: it is sent when the driver is free")
+            self.waiting.append(("input", text))
+        await self._next_waiting()
+        self.prompt()
+
+    async def _interrupt(self) -> None:
+        run = self.run
+        if self.phase == "stopping":
+            self.say("[dev] terminating the driver")
+            await end_process(self.driver)
+        elif run is not None and not run.cancel_sent:
+            run.cancel_sent = True
+            dropped = sum(1 for kind, _ in self.waiting if kind == "input")
+            self.waiting.clear()
+            note = f"; {dropped} queued input(s) dropped" if dropped else ""
+            self.say(f"[dev] cancelling {run.run_id} (Ctrl-C again to quit){note}")
+            await self.send("turn.cancel", run_id=run.run_id, reason="user pressed Ctrl-C")
+        else:
+            await self.stop("Ctrl-C")
+
+    # -- permissions ----------------------------------------------------------------------------
+    async def _ask_permission(self) -> None:
+        request = self.permissions[0]
+        title = _short(request.get("title") or "a tool call", 160)
+        if not self.stdin_open:
+            why = "--once does not ask" if self.once is not None else "stdin is closed"
+            self.say(f"[permission] {title}: rejecting ({why})")
+            await self._answer_permission(False, why)
+            return
+        self.say(f"[permission] the agent asks: {title}")
+        self._ask_again()
+
+    def _ask_again(self) -> None:
+        if self.prompts:
+            self.write("allow? [y/n] ")
+            self.transcript.mark_line_start(False)
+        else:
+            self.say("[permission] answer y or n")
+
+    async def _answer_permission(self, allow: bool, why: str) -> None:
+        request = self.permissions.popleft()
+        option_id = choose_option(request.get("options") or [], allow)
+        if option_id is None:
+            self.say(f"[permission] no {'allow' if allow else 'reject'} option was offered; leaving it to time out")
+        else:
+            await self.send("permission.resolve", request_id=request.get("request_id"), option_id=option_id)
+        if self.permissions:
+            await self._ask_permission()
+
+    async def _permission_settled(self, request_id: str) -> None:
+        """Resolved without us (timeout, cancel): stop asking about it."""
+        head = self.permissions[0].get("request_id") if self.permissions else None
+        self.permissions = deque(p for p in self.permissions if p.get("request_id") != request_id)
+        if head == request_id and self.permissions:
+            await self._ask_permission()
+
+    # -- the end --------------------------------------------------------------------------------
+    def _driver_exited(self, code: int) -> int:
+        if self.phase == "stopping" and code == 0:
+            self.say("[dev] the driver stopped cleanly; bye")
+            if self.once is not None:
+                return 0 if self.status.last_terminal == "completed" else 1
+            return 0
+        self.say(f"[dev] the driver exited with status {code}; the end of {self.paths.driver_log}:")
+        for line in log_tail(self.paths.driver_log):
+            self.say("    " + line)
+        return 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Terminal plumbing
+
+
+def start_stdin_reader(loop: asyncio.AbstractEventLoop, push: Callable[[Action], None]) -> None:
+    """Read stdin lines in a daemon thread. `os.read` (not `sys.stdin`) so that an exit while the
+    thread is blocked does not fight over the buffered reader's lock at interpreter shutdown."""
+
+    def deliver(action: Action) -> bool:
+        try:
+            loop.call_soon_threadsafe(push, action)
+        except RuntimeError:  # the loop is closed: we are exiting
+            return False
+        return True
+
+    def read() -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(0, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if pending:
+                    deliver(("line", pending.decode(errors="replace")))
+                deliver(("eof", None))
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, _, pending = pending.partition(b"\n")
+                if not deliver(("line", line.decode(errors="replace"))):
+                    return
+
+    threading.Thread(target=read, name="dev-stdin", daemon=True).start()
+
+
+@contextlib.contextmanager
+def signals_to_actions(loop: asyncio.AbstractEventLoop, push: Callable[[Action], None]) -> Any:
+    """Ctrl-C becomes an action (cancel the run, or quit); SIGTERM/SIGHUP stop the session."""
+    handlers = {
+        signal.SIGINT: ("interrupt", None),
+        signal.SIGTERM: ("stop", "SIGTERM"),
+        signal.SIGHUP: ("stop", "SIGHUP"),
+    }
+    for sig, action in handlers.items():
+        loop.add_signal_handler(sig, push, action)
+    try:
+        yield
+    finally:
+        for sig in handlers:
+            loop.remove_signal_handler(sig)
+
+
+def _wants_color(out: TextIO) -> bool:
+    return out.isatty() and not os.environ.get("NO_COLOR")
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    runtime: str
+    workdir: Path
+    once: str | None
+
+
+async def run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str]) -> int:
+    from driver import logs
+    from driver.controlplane.server import ControlPlane
+
+    paths = DevPaths(options.workdir.resolve(), new_instance_id())
+    paths.create()
+    with contextlib.ExitStack() as stack:
+        provider = prepare_provider(options.runtime, paths, env, stack)
+        out.write(provider.notice + "\n")
+        # The in-process control plane logs to a file: the terminal is for the chat.
+        logs.configure("info", stream=stack.enter_context(paths.cp_log.open("a")))
+        token = secrets.token_urlsafe(32)
+        cp = ControlPlane(
+            paths.db, tokens={token: {paths.instance_id}}, http_port=None, heartbeat_interval_ms=HEARTBEAT_MS
+        )
+        async with cp:
+            _banner(out, options, paths, cp.url)
+            with cp.subscribe(paths.instance_id) as sub:
+                write_boot_file(paths.boot_file, boot_payload(paths, cp.url, token, options.runtime, provider))
+                driver = await launch_driver(paths, env)
+                try:
+                    return await _chat(cp, driver, paths, out, sub, options)
+                finally:
+                    await end_process(driver)
+                    # The driver deletes the boot file as it reads it; if it never did, the token must go.
+                    paths.boot_file.unlink(missing_ok=True)
+    return 1  # not reached: the chat returns from inside the control plane's block
+
+
+def _banner(out: TextIO, options: DevOptions, paths: DevPaths, url: str) -> None:
+    out.write(
+        f"agent-driver dev: runtime {options.runtime}, instance {paths.instance_id}\n"
+        f"  driver log (its stderr): {paths.driver_log}\n"
+        f"  control plane: {url}, events stored in {paths.db}, its log in {paths.cp_log}\n"
+        f"  agent workspace: {paths.workspace}\n"
+    )
+    if options.once is None:
+        out.write(HELP + "\n")
+    out.write(f"[driver] starting {options.runtime}...\n")
+    out.flush()
+
+
+async def _chat(
+    cp: ControlPlane,
+    driver: asyncio.subprocess.Process,
+    paths: DevPaths,
+    out: TextIO,
+    sub: Subscription,
+    options: DevOptions,
+) -> int:
+    loop = asyncio.get_running_loop()
+    chat = DevChat(
+        cp,
+        paths.instance_id,
+        driver,
+        paths,
+        out,
+        once=options.once,
+        prompts=options.once is None and sys.stdin.isatty(),
+        color=_wants_color(out),
+    )
+    with signals_to_actions(loop, chat.push):
+        if options.once is None:
+            start_stdin_reader(loop, chat.push)
+        return await chat.serve(sub)
 
 
 def main(args: argparse.Namespace) -> int:
-    print("agent-driver dev: the interactive chat is not built yet", file=sys.stderr)
-    return 1
+    once: str | None = getattr(args, "once", None)
+    workdir = Path(getattr(args, "workdir", None) or ".dev")
+    options = DevOptions(runtime=str(args.runtime), workdir=workdir, once=once)
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        out.reconfigure(errors="replace")  # a model's text must never crash the chat on a narrow terminal
+    try:
+        return asyncio.run(run_dev(options, out, dict(os.environ)))
+    except DevError as exc:
+        print(f"agent-driver dev: {exc}", file=sys.stderr)
+        return 1
