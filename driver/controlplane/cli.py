@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -65,7 +66,11 @@ def read_or_create_token(path: Path) -> str:
 
 
 def _serve(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="agent-driver controlplane", description="the reference control plane")
+    p = argparse.ArgumentParser(
+        prog="agent-driver controlplane",
+        description="Run the reference control plane.",
+        epilog="client commands (each with --help): " + ", ".join(CLIENT_COMMANDS),
+    )
     p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
     p.add_argument("--token-file", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
@@ -73,6 +78,8 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--http-port", type=int, default=8766, help="HTTP API port on 127.0.0.1 (-1: no API)")
     p.add_argument("--instance", action="append", default=None, help="allowed instance id (repeatable)")
     p.add_argument("--heartbeat-ms", type=int, default=5000)
+    p.add_argument("--tls-cert", type=Path, help="serve wss:// with this certificate chain (PEM)")
+    p.add_argument("--tls-key", type=Path, help="private key for --tls-cert (PEM)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
 
@@ -87,6 +94,10 @@ def _serve(argv: list[str]) -> int:
 async def _run_server(args: argparse.Namespace, token: str) -> int:
     from driver.controlplane.server import ControlPlane
 
+    context = None
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
     cp = ControlPlane(
         args.db,
         tokens={token: args.instance},
@@ -94,6 +105,7 @@ async def _run_server(args: argparse.Namespace, token: str) -> int:
         port=args.port,
         http_port=None if args.http_port < 0 else args.http_port,
         heartbeat_interval_ms=args.heartbeat_ms,
+        ssl_context=context,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

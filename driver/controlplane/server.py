@@ -14,6 +14,7 @@ import functools
 import hmac
 import http
 import json
+import ssl
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +104,7 @@ class ControlPlane:
         max_batch_bytes: int = 1_048_576,
         hello_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.db_path = Path(db_path)
         self.host = host
@@ -115,6 +117,8 @@ class ControlPlane:
         self.hello_timeout_s = hello_timeout_s
         # How long a close waits for the peer's close frame before dropping the TCP connection.
         self.close_timeout_s = close_timeout_s
+        # With a server TLS context the link is wss:// (the HTTP API stays plain, on loopback).
+        self.ssl_context = ssl_context
         self.faults = Faults()
         self._tokens: dict[str, frozenset[str] | None] = {
             t: (None if ids is None else frozenset(ids)) for t, ids in tokens.items()
@@ -164,6 +168,7 @@ class ControlPlane:
             ping_timeout=None,
             compression=None,
             close_timeout=self.close_timeout_s,
+            ssl=self.ssl_context,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         if self.http_port is not None:
@@ -203,7 +208,8 @@ class ControlPlane:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ws://{host}:{self.port}{self.path}"
+        scheme = "ws" if self.ssl_context is None else "wss"
+        return f"{scheme}://{host}:{self.port}{self.path}"
 
     @property
     def http_url(self) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -77,6 +79,7 @@ async def dial(
     token: str | None = TOKEN,
     instance: str | None = INSTANCE,
     subprotocol: bool = True,
+    ssl: Any = None,
 ) -> ClientConnection:
     headers = {}
     if token is not None:
@@ -89,6 +92,7 @@ async def dial(
         subprotocols=["agent-driver.v1"] if subprotocol else None,  # type: ignore[list-item]
         open_timeout=TIMEOUT,
         ping_interval=None,
+        ssl=ssl,
     )
 
 
@@ -139,3 +143,15 @@ def http(
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 and localhost (cert.pem, key.pem), made with openssl."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key

@@ -415,3 +415,22 @@ async def test_history_is_readable_after_stop(tmp_path) -> None:  # type: ignore
         await send(ws, batch(1, [event(1)]))
         await recv(ws)
     assert [e["seq"] for e in cp.events(INSTANCE)] == [1]
+
+
+async def test_tls_link_is_verified_against_the_given_ca(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import ssl
+
+    from tests.controlplane.client import TOKEN, self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    async with ControlPlane(tmp_path / "tls.db", tokens={TOKEN: None}, ssl_context=server_ctx) as cp:
+        assert cp.url.startswith("wss://127.0.0.1:")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await dial(cp.url, ssl=ssl.create_default_context())
+        trusting = ssl.create_default_context(cafile=str(cert))
+        ws = await dial(cp.url, ssl=trusting)
+        await send(ws, hello())
+        assert (await recv(ws))["type"] == "welcome"
+        await ws.close()
