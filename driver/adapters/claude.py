@@ -299,6 +299,7 @@ class ClaudeAdapter(Adapter):
             try:
                 await self._connect(resume=resume.value)
                 self._announced = resume.value  # the control plane already holds this id
+                await self._report_config_problems()
                 return
             except ResumeFailed as exc:
                 await self.ports.emit(
@@ -311,6 +312,7 @@ class ClaudeAdapter(Adapter):
                     },
                 )
         await self._connect(resume=None)
+        await self._report_config_problems()
         if resume is not None:
             await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": self._session_id})
         if execution.recovery_messages:
@@ -376,7 +378,7 @@ class ClaudeAdapter(Adapter):
                 kwargs[key] = value
             else:
                 self._pending_diagnostics.append(f"provider_options.{key} is not a usable ClaudeAgentOptions field")
-        cli = kwargs.pop("cli_path", None) or bundled_cli()
+        cli = kwargs.pop("cli_path", None) or bundled_cli()  # provider_options may name another CLI
         launcher = write_launcher(config.state_dir, cli, env.keys(), os.environ) if cli else None
         self._launcher_used = launcher is not None
         if launcher is not None:
@@ -454,7 +456,15 @@ class ClaudeAdapter(Adapter):
         self._recovery_pending = ""
         self._announced = None
         await self._connect(resume=None)
+        await self._report_config_problems()
         return previous, self._session_id
+
+    async def _report_config_problems(self) -> None:
+        problems, self._pending_diagnostics = self._pending_diagnostics, []
+        for problem in problems:
+            await self.ports.emit(
+                "diagnostic.reported", {"code": "provider.config", "severity": "warning", "message": problem}
+            )
 
     # -- turns -------------------------------------------------------------------------------------
 
@@ -462,11 +472,6 @@ class ClaudeAdapter(Adapter):
         client = self._client
         if client is None:
             raise ProviderError("provider.not_running", "the Claude Code CLI is not running", retryable=True)
-        for problem in self._pending_diagnostics:
-            await self.ports.emit(
-                "diagnostic.reported", {"code": "provider.config", "severity": "warning", "message": problem}
-            )
-        self._pending_diagnostics = []
         self._cancelling = False
         translator = TurnTranslator(run_id, self._tools_started, self._refused)
         self._translator = translator

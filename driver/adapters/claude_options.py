@@ -18,6 +18,7 @@ RUNTIME = "claude-agent-sdk"
 
 # Options the adapter owns: the permission policy, the session and the plumbing must not be
 # overridden by provider_options, or `full_access` / `supervised` would stop meaning what they say.
+# (`cli_path` is not reserved: another CLI still runs through the launcher.)
 RESERVED_OPTIONS: frozenset[str] = frozenset(
     {
         "permission_mode",
@@ -27,7 +28,6 @@ RESERVED_OPTIONS: frozenset[str] = frozenset(
         "resume",
         "session_id",
         "stderr",
-        "cli_path",
         "include_partial_messages",
         "continue_conversation",
         "fork_session",

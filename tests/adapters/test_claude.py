@@ -330,3 +330,18 @@ async def test_cli_killed_mid_turn_raises_provider_crashed(harness: Harness) -> 
     assert caught.value.code == "provider.crashed"
     assert "stderr_tail" in caught.value.details
     await adapter.stop()  # idempotent on a dead CLI
+
+
+async def test_reset_starts_a_fresh_session(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    await _run(adapter, "run-1", "the secret word is mango [[say:ok]]")
+    before = adapter.native_id
+
+    previous, current = await adapter.reset()
+    assert previous == before and current and current != before
+    outcome = await _run(adapter, "run-2", "fresh start? [[say:yes]]")
+    assert outcome.final_message_text == "yes"
+    [request] = _prompts(harness.fake, "fresh start?")
+    assert "mango" not in str(request["messages"])  # the old conversation is gone
+    assert events.of("runtime.resume.updated")[-1]["value"] == current
