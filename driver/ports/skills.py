@@ -1,0 +1,86 @@
+"""Skills (PROTOCOL §6.4): zip archives fetched, verified and unpacked under `cwd` before start.
+
+The archive is checked entry by entry before anything is written: absolute paths, `..`, symlinks and
+device or other special files are refused. It is extracted into a temporary folder beside the target,
+then renamed into place, so a provider never sees half a skill.
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import anyio
+
+from driver.ports.fetch import FetchError, fetch
+from driver.protocol.boot import Skill
+
+MAX_ARCHIVE_BYTES = 64 * 1024 * 1024
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+
+
+class SkillError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledSkill:
+    name: str
+    path: Path
+
+
+def _target(cwd: Path, mount_path: str) -> Path:
+    rel = PurePosixPath(mount_path)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise SkillError(f"mount_path must be a relative path inside cwd: {mount_path!r}")
+    target = (cwd / rel).resolve()
+    if not target.is_relative_to(cwd.resolve()):
+        raise SkillError(f"mount_path escapes cwd: {mount_path!r}")
+    return target
+
+
+def check_archive(zf: zipfile.ZipFile) -> None:
+    total = 0
+    for info in zf.infolist():
+        name = PurePosixPath(info.filename)
+        if name.is_absolute() or info.filename.startswith(("/", "\\")) or ".." in name.parts:
+            raise SkillError(f"archive entry escapes its folder: {info.filename!r}")
+        # Unix type bits live in the high half of external_attr; zero means "unspecified" (a plain file).
+        kind = stat.S_IFMT(info.external_attr >> 16)
+        if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+            raise SkillError(f"archive entry is a link or special file: {info.filename!r}")
+        total += info.file_size
+        if total > MAX_UNPACKED_BYTES:
+            raise SkillError("archive unpacks to more than the limit")
+
+
+def _unpack(archive: Path, target: Path) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        check_archive(zf)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+        try:
+            zf.extractall(staging)
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+async def install(skill: Skill, cwd: Path) -> InstalledSkill:
+    target = _target(cwd, skill.mount_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    archive = target.parent / f".{target.name}.zip"
+    try:
+        await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES)
+        await anyio.to_thread.run_sync(_unpack, archive, target)
+    except (FetchError, zipfile.BadZipFile, OSError) as exc:
+        raise SkillError(str(exc)) from None
+    finally:
+        archive.unlink(missing_ok=True)
+    return InstalledSkill(skill.name, target)
