@@ -373,17 +373,25 @@ class CodexAdapter(Adapter):
         self._turn_changed = anyio.Event()
 
     async def _interrupt_when_asked(self, turn: CodexTurn) -> None:
-        """Send turn/interrupt once a cancel is asked and the turn id is known (turn/start may still be
-        in flight when the cancel arrives)."""
+        """Send turn/interrupt once a cancel is asked and Codex has announced the turn (turn/start may
+        still be in flight when the cancel arrives, and Codex refuses an interrupt before turn/started)."""
         await self._cancel_requested.wait()
-        while turn.turn_id is None and turn.end is None:
-            await self._turn_changed.wait()
-        if turn.end is not None or self._peer is None:
-            return
-        try:
-            await self._peer.request("turn/interrupt", {"threadId": turn.thread_id, "turnId": turn.turn_id})
-        except (JsonRpcError, PeerClosed) as exc:
-            log.warning("codex.interrupt_failed", error=str(exc))
+        for _attempt in range(3):
+            while not turn.active and turn.end is None:
+                await self._turn_changed.wait()
+            peer = self._peer
+            if turn.end is not None or peer is None or turn.turn_id is None:
+                return
+            try:
+                await peer.request("turn/interrupt", {"threadId": turn.thread_id, "turnId": turn.turn_id})
+                return
+            except PeerClosed:
+                return
+            except JsonRpcError as exc:
+                log.warning("codex.interrupt_refused", error=exc.message)
+                # Not active after all (a race with a turn boundary): retry on Codex's next word.
+                with anyio.move_on_after(1.0):
+                    await self._turn_changed.wait()
 
     def _outcome(self, turn: CodexTurn) -> TurnOutcome:
         assert turn.end is not None
@@ -420,7 +428,7 @@ class CodexAdapter(Adapter):
         turn = self._turn
         if turn is None or not turn.concerns(params):
             return
-        had_turn_id = turn.turn_id is not None
+        had_turn_id, was_active = turn.turn_id is not None, turn.active
         for out in turn.handle(method, params):
             if isinstance(out, FileTouched):
                 digest = None if out.change == "deleted" else await anyio.to_thread.run_sync(_sha256, out.path)
@@ -429,7 +437,7 @@ class CodexAdapter(Adapter):
                 await self.ports.emit(*out)
         if turn.end is not None:
             self._turn_ended.set()
-        if turn.end is not None or (turn.turn_id is not None and not had_turn_id):
+        if turn.end is not None or turn.active != was_active or (turn.turn_id is not None and not had_turn_id):
             self._notify_turn_changed()
 
     async def _on_request(self, method: str, params: Any) -> Any:

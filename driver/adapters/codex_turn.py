@@ -49,6 +49,9 @@ class CodexTurn:
     cwd: str
     thread_id: str
     turn_id: str | None = None
+    # Codex accepts turn/interrupt only once it has announced the turn (turn/started), which comes
+    # just after the turn/start answer: an interrupt sent in between is refused ("no active turn").
+    active: bool = False
     final_message_id: str | None = None
     final_message_text: str = ""
     end: TurnEnd | None = None
@@ -88,6 +91,7 @@ class CodexTurn:
                 turn = params.get("turn") or {}
                 if self.turn_id is None and isinstance(turn.get("id"), str):
                     self.turn_id = turn["id"]
+                self.active = True
                 return []
             case "item/started":
                 return self._item_started(params.get("item") or {})

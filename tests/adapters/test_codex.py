@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
@@ -129,7 +130,7 @@ async def test_command_approval_allowed_then_declined(tmp_path: Path, fake: Fake
     h = make(tmp_path, fake.base_url)
     await h.adapter.start()
     try:
-        outcome = await h.run("[[shell:touch allowed.txt]]", "run-a")
+        outcome = await h.run("[[shell:echo made-it && touch allowed.txt]]", "run-a")
         assert outcome.status == "completed" and outcome.final_message_text == "shell done"
         assert (h.cwd / "allowed.txt").exists()
         request = h.perms.requests[0]
@@ -139,6 +140,8 @@ async def test_command_approval_allowed_then_declined(tmp_path: Path, fake: Fake
         assert started["tool_call_id"] == request.tool_call_id and started["name"] == "shell"
         done = h.events.of("tool.completed")[0]
         assert (done["status"], done["exit_code"]) == ("completed", 0)
+        assert "made-it" in done["output"]
+        assert "made-it" in "".join(e["text"] for e in h.events.of("tool.output.delta"))
 
         h.perms.decide = reject_first
         outcome = await h.run("[[shell:touch declined.txt]]", "run-b")
@@ -211,6 +214,29 @@ async def test_interrupt_mid_stream_then_next_turn_works(tmp_path: Path, fake: F
         assert "word399" not in "".join(e["text"] for e in h.events.of("message.delta"))
         after = await h.run("[[say:still here]]", "run-next")
         assert after.status == "completed" and after.final_message_text == "still here"
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_cancel_while_turn_start_is_in_flight(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    await h.adapter.start()
+    try:
+        outcome: list[TurnOutcome] = []
+        began = time.monotonic()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def run_slow() -> None:
+                    outcome.append(await h.adapter.run("run-early", RunInput(text="[[slow]]")))
+
+                tg.start_soon(run_slow)
+                # One scheduling step: run() has sent turn/start and waits for its answer.
+                await anyio.lowlevel.checkpoint()
+                await h.adapter.cancel()
+        assert outcome[0].status == "cancelled"
+        assert time.monotonic() - began < 10  # the slow reply alone would take ~20 s
     finally:
         await h.adapter.stop()
 
