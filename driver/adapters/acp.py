@@ -201,7 +201,7 @@ class AcpAdapter(Adapter):
             await self._authenticate()
             raw = await self._call("session/new", params)
         result = self._decode(raw, m.NewSessionResult, "session/new")
-        await self._session_opened(result.session_id, result.modes)
+        await self._session_opened(result.session_id, result.modes, result.config_options)
         return result.session_id
 
     async def _load_session(self, session_id: str) -> bool:
@@ -212,18 +212,36 @@ class AcpAdapter(Adapter):
             log.info("acp.load_failed", session_id=session_id, code=exc.code, error=exc.message)
             return False
         result = self._decode(raw or {}, m.LoadSessionResult, "session/load")
-        await self._session_opened(session_id, result.modes)
+        await self._session_opened(session_id, result.modes, result.config_options)
         return True
 
-    async def _session_opened(self, session_id: str, modes: m.SessionModeState | None) -> None:
+    async def _session_opened(
+        self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption]
+    ) -> None:
         self._session_id = session_id
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
         await self._apply_mode(modes)
+        await self._apply_model(config_options)
         options = self.config.execution.provider_options.get("config_options") or {}
         for config_id, value in dict(options).items():
             await self._try_call(
                 "session/set_config_option", {"sessionId": session_id, "configId": config_id, "value": value}
             )
+
+    async def _apply_model(self, config_options: list[m.ConfigOption]) -> None:
+        """ACP has no standard model field: agents offer a `configOptions` selector of category
+        "model". Use it when execution.model is one of its values; otherwise the agent's default
+        (or its own configuration, e.g. CODEX_HOME's config.toml) stays."""
+        model = self.config.execution.model
+        selector = next((o for o in config_options if o.category == "model" or o.id == "model"), None)
+        if not model or selector is None or selector.current_value == model:
+            return
+        if model not in selector.values():
+            log.info("acp.model_not_offered", model=model, offered=selector.values())
+            return
+        await self._try_call(
+            "session/set_config_option", {"sessionId": self._session_id, "configId": selector.id, "value": model}
+        )
 
     async def _apply_mode(self, modes: m.SessionModeState | None) -> None:
         if modes is None:

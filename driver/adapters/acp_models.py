@@ -86,13 +86,38 @@ class SessionModeState(_M):
     available_modes: list[SessionMode] = msgspec.field(default_factory=list)
 
 
+class ConfigOption(_M):
+    """A session configuration selector (`configOptions`): the model, the mode, an effort level...
+
+    `options` is a flat list of `{value, name}` or a list of groups each holding such a list; it is
+    kept raw and flattened by `values()`.
+    """
+
+    id: str
+    category: str | None = None
+    current_value: Any = None
+    options: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    def values(self) -> list[Any]:
+        out: list[Any] = []
+        for option in self.options:
+            if "value" in option:
+                out.append(option["value"])
+            for inner in option.get("options") or []:
+                if isinstance(inner, dict) and "value" in inner:
+                    out.append(inner["value"])
+        return out
+
+
 class NewSessionResult(_M):
     session_id: str
     modes: SessionModeState | None = None
+    config_options: list[ConfigOption] = msgspec.field(default_factory=list)
 
 
 class LoadSessionResult(_M):
     modes: SessionModeState | None = None
+    config_options: list[ConfigOption] = msgspec.field(default_factory=list)
 
 
 StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]

@@ -88,6 +88,7 @@ def make_adapter(
     mcp_servers: list[McpServer] | None = None,
     additional_directories: list[str] | None = None,
     memory_dir: str | None = None,
+    model: str = "",
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -96,6 +97,7 @@ def make_adapter(
     execution = ExecutionConfig(
         revision="rev-1",
         runtime="acp",
+        model=model,
         permission_policy=policy,  # type: ignore[arg-type]
         environment=environment or {},
         acp=AcpConfig(command=command, env=env or {}),
@@ -475,19 +477,19 @@ def fake_claude() -> Iterator[Any]:
         yield fake
 
 
-AgentFactory = Callable[..., Harness]
+class AgentFactory:
+    """Builds harnesses around one real ACP agent, pointed at its fake model endpoint."""
 
+    def __init__(self, name: str, request: pytest.FixtureRequest, register: Callable[[Harness], Harness]):
+        self.name = name
+        self._request = request
+        self._register = register
 
-@pytest.fixture(params=["codex-acp", "claude-agent-acp"])
-def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
-    """A factory of harnesses around one real ACP agent, pointed at its fake model endpoint."""
-    name = request.param
-
-    def factory(tmp_path: Path, **kwargs: Any) -> Harness:
+    def __call__(self, tmp_path: Path, **kwargs: Any) -> Harness:
         state = tmp_path / "state"
         state.mkdir(parents=True, exist_ok=True)
-        if name == "codex-acp":
-            fake = request.getfixturevalue("fake_openai")
+        if self.name == "codex-acp":
+            fake = self._request.getfixturevalue("fake_openai")
             home = state / "codex"
             home.mkdir(exist_ok=True)
             (home / "config.toml").write_text(CODEX_CONFIG.format(base_url=fake.base_url))
@@ -498,7 +500,7 @@ def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
             command = [str(CODEX_ACP)]
             environment = {"FAKE_OPENAI_API_KEY": "sk-fake-openai-0123456789"}
         else:
-            fake = request.getfixturevalue("fake_claude")
+            fake = self._request.getfixturevalue("fake_claude")
             env = {
                 "ANTHROPIC_BASE_URL": fake.base_url,
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -509,10 +511,13 @@ def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
             command = ["node", str(CLAUDE_ACP)]
             environment = {"ANTHROPIC_API_KEY": "sk-ant-fake-0123456789"}
         h = make_adapter(tmp_path, command, env=env, environment=environment, **kwargs)
-        h.agent_name, h.fake = name, fake
-        return stopper(h)
+        h.agent_name, h.fake = self.name, fake
+        return self._register(h)
 
-    return factory
+
+@pytest.fixture(params=["codex-acp", "claude-agent-acp"])
+def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
+    return AgentFactory(request.param, request, stopper)
 
 
 async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any]) -> TurnOutcome:
@@ -531,13 +536,16 @@ async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any])
 
 @pytest.mark.provider
 async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> None:
-    h = agent(tmp_path)
+    # execution.model picks a value of the agent's "model" config selector.
+    model = "gpt-5.2" if agent.name == "codex-acp" else "haiku"
+    h = agent(tmp_path, model=model)
     await h.adapter.start()
     sid = h.adapter.native_id
     assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
     out = await h.run("[[think]] [[say:The sky is teal today.]]")
     assert out.status == "completed" and out.stop_reason == "end_turn"
     assert out.final_message_text == "The sky is teal today."
+    assert model in h.fake.requests[-1]["model"]
     thoughts = h.events.of("thought.completed")
     assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
     if h.agent_name == "claude-agent-acp":
