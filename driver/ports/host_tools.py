@@ -40,6 +40,11 @@ class HostToolBroker:
         self._current_run = current_run
         self.known = known
 
+    @property
+    def pending_count(self) -> int:
+        """Host tool calls waiting for the control plane's answer."""
+        return len(self._calls)
+
     async def call(self, name: str, arguments: Any) -> HostToolReply:
         if name not in self.known:
             return HostToolReply([{"type": "text", "text": f"unknown host tool {name!r}"}], True)

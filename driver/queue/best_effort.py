@@ -27,6 +27,9 @@ class BestEffortEvent:
     kind: str
     payload: bytes
     occurred_at: str
+    # How many admitted events this one stands for after coalescing: a drop counts all of them, so
+    # `dropped` + delivered always adds up to what was admitted.
+    pieces: int = 1
 
     def encode(self, epoch: int, session_id: str) -> bytes:
         return msgspec.json.encode(
@@ -79,6 +82,7 @@ class BestEffortBuffer:
         self._bytes += len(merged) - len(last.payload)
         last.payload = merged
         return True
+        last.pieces += new.pieces
 
     def take(self, max_events: int, max_bytes: int) -> list[BestEffortEvent]:
         out: list[BestEffortEvent] = []
@@ -101,7 +105,7 @@ class BestEffortBuffer:
     def drop_all(self) -> None:
         while self._items:
             item = self._items.popleft()
-            self.count_drop(item.run_id)
+            self.count_drop(item.run_id, item.pieces)
         self._bytes = 0
 
     def dropped_for(self, run_id: str) -> int:

@@ -281,7 +281,7 @@ class Outbox:
         if flight:
             for b in flight[2]:
                 if b.event_id not in accepted:
-                    self.best_effort.count_drop(b.run_id)
+                    self.best_effort.count_drop(b.run_id, b.pieces)
         for event_id in accepted:
             if (entry := self._lookup(event_id)) is not None:
                 self._remove(entry, "accepted")
@@ -335,7 +335,7 @@ class Outbox:
             if deadline <= now:
                 del self._in_flight[number]
                 for b in be:
-                    self.best_effort.count_drop(b.run_id)
+                    self.best_effort.count_drop(b.run_id, b.pieces)
                 for seq in seqs:
                     entry = self._entries.get(seq)
                     if entry is not None and entry.state == IN_FLIGHT and entry.batch == number:
@@ -365,7 +365,7 @@ class Outbox:
         self.link_up = False
         for _, _seqs, be in self._in_flight.values():
             for b in be:
-                self.best_effort.count_drop(b.run_id)
+                self.best_effort.count_drop(b.run_id, b.pieces)
         self._in_flight.clear()
         self.best_effort.drop_all()
         for entry in self._entries.values():
