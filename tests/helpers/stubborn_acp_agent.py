@@ -3,8 +3,14 @@
 Usage: `python stubborn_acp_agent.py MODE` with MODE one of
 - `normal`: streams a reply and honours `session/cancel`;
 - `ignore-cancel`: keeps streaming and ignores `session/cancel` (the kernel must escalate to signals);
+- `ignore-term`: like `ignore-cancel`, and ignores SIGTERM too (the kernel must escalate to SIGKILL);
 - `exit-mid-turn`: exits with status 3 after the first chunks of a reply;
 - `no-init`: never answers `initialize`.
+- `crash-after-init`: opens sessions normally, then exits with status 4 about 0.3 s later (a provider
+  that dies while idle). With `STUBBORN_CRASHES=PATH` it crashes only while the file at PATH holds a
+  number above 0, and decrements it each time (so a test decides how many starts crash).
+- `crash-on-start`: exits with status 4 before reading anything (a provider that cannot start), with
+  the same `STUBBORN_CRASHES` budget.
 
 The prompt text is scripted with the same markers as the fake model endpoints, where they make sense
 for an agent that has no model:
@@ -12,6 +18,7 @@ for an agent that has no model:
 - `[[say:TEXT]]`: reply TEXT;
 - `[[echo]]`: reply with the text blocks of the prompt, one per line;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
+- `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
 - `[[perm]]`: announce a tool call, ask `session/request_permission`, reply with the chosen option kind;
 - `[[perm-unannounced]]`: the same without announcing the tool call first;
@@ -30,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -37,7 +45,8 @@ import uuid
 from typing import Any
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
-MODES = ("normal", "ignore-cancel", "exit-mid-turn", "no-init")
+MODES = ("normal", "ignore-cancel", "ignore-term", "exit-mid-turn", "no-init", "crash-after-init", "crash-on-start")
+IGNORES_CANCEL = MODE in ("ignore-cancel", "ignore-term")
 
 _out_lock = threading.Lock()
 _pending: dict[int, dict[str, Any]] = {}
@@ -84,7 +93,7 @@ def stream(session_id: str, text: str, pieces: int, delay: float) -> bool:
     """Stream `text` in `pieces` chunks; return False if a honoured cancel stopped it."""
     step = max(1, len(text) // pieces)
     for i in range(0, len(text), step):
-        if _cancelled[session_id].is_set() and MODE != "ignore-cancel":
+        if _cancelled[session_id].is_set() and not IGNORES_CANCEL:
             return False
         chunk(session_id, text[i : i + step])
         if delay:
@@ -148,6 +157,12 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         sys.stderr.write("stubborn agent: exiting mid-turn on purpose\n")
         sys.stderr.flush()
         os._exit(3)
+    if "[[hang]]" in text:
+        # A provider that stopped answering: nothing on the wire until a cancel it honours.
+        while not (_cancelled[session_id].wait(0.05) and not IGNORES_CANCEL):
+            pass
+        send({"id": rid, "result": {"stopReason": "cancelled"}})
+        return
     if "[[think]]" in text:
         chunk(session_id, "Thinking about it.", "agent_thought_chunk")
     reply = "Hello from the stubborn agent."
@@ -174,7 +189,7 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         finished = stream(session_id, long, 400, 0.05)
     else:
         finished = stream(session_id, reply, 3, 0.0)
-    cancelled = not finished or (_cancelled[session_id].is_set() and MODE != "ignore-cancel")
+    cancelled = not finished or (_cancelled[session_id].is_set() and not IGNORES_CANCEL)
     send({"id": rid, "result": {"stopReason": "cancelled" if cancelled else "end_turn"}})
 
 
@@ -234,16 +249,59 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         send({"id": rid, "error": {"code": -32601, "message": f"method not found: {method}"}})
 
 
+_crash: list[bool] = []  # set once a crash was considered: one per process
+
+
+def crash_soon() -> None:
+    """`crash-after-init`: die shortly after a session opened, if the crash budget allows."""
+    if not crash_budget_left():
+        return
+
+    def die() -> None:
+        time.sleep(0.3)
+        sys.stderr.write("stubborn agent: crashing after init on purpose\n")
+        sys.stderr.flush()
+        os._exit(4)
+
+    threading.Thread(target=die, daemon=True).start()
+
+
+def crash_budget_left() -> bool:
+    """Whether a `crash-*` mode should crash now; spends one unit of the STUBBORN_CRASHES budget."""
+    budget = os.environ.get("STUBBORN_CRASHES")
+    if not budget:
+        return True
+    try:
+        with open(budget) as f:
+            left = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        left = 0
+    if left <= 0:
+        return False
+    with open(budget, "w") as f:
+        f.write(str(left - 1))
+    return True
+
+
 def main() -> None:
     if MODE not in MODES:
         sys.stderr.write(f"unknown mode {MODE!r}; use one of {', '.join(MODES)}\n")
         sys.exit(2)
+    if MODE == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if MODE == "crash-on-start" and crash_budget_left():
+        sys.stderr.write("stubborn agent: crashing at start on purpose\n")
+        sys.stderr.flush()
+        os._exit(4)
     for line in sys.stdin:
         if not line.strip():
             continue
         msg = json.loads(line)
         if "method" in msg and "id" in msg:
             handle_request(msg["id"], msg["method"], msg.get("params") or {})
+            if MODE == "crash-after-init" and msg["method"] in ("session/new", "session/load") and not _crash:
+                _crash.append(True)
+                crash_soon()
         elif "method" in msg:
             if msg["method"] == "session/cancel":
                 sid = (msg.get("params") or {}).get("sessionId", "")
