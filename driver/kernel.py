@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +48,15 @@ from driver.protocol.link import CloseReaction
 from driver.queue.journal import Journal
 from driver.queue.outbox import FinalRejection, Outbox, utc_now
 from driver.states import StateMachine, Trigger
+from driver.supervision import (
+    CRASH_LOOP_LIMIT,
+    CRASH_LOOP_WINDOW_S,
+    RESTART_BACKOFF_BASE_S,
+    RESTART_BACKOFF_CAP_S,
+    CrashWindow,
+    options_from_env,
+)
+from driver.supervisor import ProviderSupervisor
 
 log = logs.get("driver.kernel")
 
@@ -54,6 +64,13 @@ CANCEL_INTERRUPT_GRACE_S = 5.0
 CANCEL_TERM_GRACE_S = 3.0
 STOP_DRAIN_TIMEOUT_S = 30.0
 PROVIDER_START_TIMEOUT_S = 60.0
+PROVIDER_STOP_TIMEOUT_S = 10.0
+# A run whose provider emits nothing for this long (while no permission or host tool call waits on
+# the control plane) has a provider that stopped answering: run.failed provider.unresponsive.
+PROVIDER_SILENCE_TIMEOUT_S = 1800.0
+# After the provider process exits during a run, how long its adapter gets to report the crash
+# itself (with its own stderr tail) before the kernel ends the run for it.
+PROVIDER_EXIT_GRACE_S = 3.0
 MAX_PAYLOAD_BYTES = 1024 * 1024
 EXIT_DRAIN_INCOMPLETE = 70  # EX_SOFTWARE: distinct from 75 (superseded)
 
@@ -78,6 +95,13 @@ class Run:
     tools_started: dict[str, str] = field(default_factory=dict)  # tool_call_id → name
     tools_completed: set[str] = field(default_factory=set)
     ended: anyio.Event = field(default_factory=anyio.Event)
+    adapter: Adapter | None = None  # the adapter running this run (signals go to its groups)
+    forced_error: ProviderError | None = None  # set when the kernel ends the run for its provider
+    last_activity: float = field(default_factory=time.monotonic)
+    signalled_groups: list[int] = field(default_factory=list)
+    # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
+    # so a control plane that sees the cancel completed also has the terminal stored.
+    receipted: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(frozen=True)
@@ -86,12 +110,24 @@ class KernelOptions:
     cancel_term_grace_s: float = CANCEL_TERM_GRACE_S
     stop_drain_timeout_s: float = STOP_DRAIN_TIMEOUT_S
     provider_start_timeout_s: float = PROVIDER_START_TIMEOUT_S
+    provider_stop_timeout_s: float = PROVIDER_STOP_TIMEOUT_S
+    provider_silence_timeout_s: float = PROVIDER_SILENCE_TIMEOUT_S  # 0: never
+    restart_backoff_base_s: float = RESTART_BACKOFF_BASE_S
+    restart_backoff_cap_s: float = RESTART_BACKOFF_CAP_S
+    crash_loop_limit: int = CRASH_LOOP_LIMIT
+    crash_loop_window_s: float = CRASH_LOOP_WINDOW_S
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:
+        """Defaults overridden by `AGENT_DRIVER_*` variables (driver.supervision.ENV_OPTIONS), so tests
+        and operators can shorten the bounds of a real driver process from outside."""
+        return cls(**options_from_env(environ))  # type: ignore[arg-type]
 
 
 class Kernel:
     def __init__(self, boot: BootPayload, *, started_at: float, options: KernelOptions | None = None) -> None:
         self.boot = boot
-        self.options = options or KernelOptions()
+        self.options = options or KernelOptions.from_env(os.environ)
         self.started_monotonic = started_at
         self.started_at_iso = utc_now()
         self.state = StateMachine()
@@ -105,8 +141,6 @@ class Kernel:
         self.run: Run | None = None
         self.exit_status: int | None = None
         self._done = anyio.Event()
-        self._provider_ready = anyio.Event()
-        self._provider_error: ProviderError | None = None
         self._in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
         self._last_activity = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -130,8 +164,31 @@ class Kernel:
         self.files = AllowedRoots(boot.session.cwd, roots)
         self.ports = Ports(self, self.permissions, self.host_tools, self.files)
         self.adapter_cls = adapter_class(ex.runtime)
-        self.adapter: Adapter = self._new_adapter()
-        self.provider_start_ms: float | None = None
+        opts = self.options
+        self.supervisor = ProviderSupervisor(
+            self._new_adapter,
+            self.emit,
+            start_timeout_s=opts.provider_start_timeout_s,
+            stop_timeout_s=opts.provider_stop_timeout_s,
+            crashes=CrashWindow(
+                limit=opts.crash_loop_limit,
+                window_s=opts.crash_loop_window_s,
+                backoff_base_s=opts.restart_backoff_base_s,
+                backoff_cap_s=opts.restart_backoff_cap_s,
+            ),
+            on_ready=lambda: self._fire("provider_ready"),
+            on_lost=lambda: self._fire("provider_lost"),
+            on_exited=self._provider_exited,
+        )
+
+    @property
+    def adapter(self) -> Adapter:
+        """The current adapter (the supervisor replaces it after a crash or a forced kill)."""
+        return self.supervisor.adapter
+
+    @property
+    def provider_start_ms(self) -> float | None:
+        return self.supervisor.start_ms
 
     # -- the adapter ---------------------------------------------------------------------------------
     def _new_adapter(self) -> Adapter:
@@ -150,58 +207,36 @@ class Kernel:
         )
         return self.adapter_cls(config, self.ports)
 
-    async def _start_provider(self) -> None:
-        t0 = time.monotonic()
-        try:
-            with anyio.fail_after(self.options.provider_start_timeout_s):
-                await self.adapter.start()
-        except TimeoutError:
-            self._provider_error = ProviderError(
-                "provider.start_timeout",
-                f"provider did not start within {self.options.provider_start_timeout_s:.0f} s",
-                retryable=True,
-            )
-        except ProviderError as exc:
-            self._provider_error = exc
-        except Exception as exc:  # a provider bug must not take the driver down
-            self._provider_error = ProviderError(
-                "provider.start_failed", f"{type(exc).__name__}: {exc}", retryable=True
-            )
-        if self._provider_error is not None:
-            log.error("provider.start_failed", code=self._provider_error.code, message=self._provider_error.message)
+    async def _provider_exited(self, adapter: Adapter) -> None:
+        """The provider process exited on its own. During a run, its adapter normally raises
+        provider.crashed (with its stderr tail) and the run path replaces it; if the adapter does not
+        notice within a grace period, the kernel ends the run for it. While idle: replace it."""
+        run = self.run
+        if run is not None and run.adapter is adapter:
+            if run.cancel_requested_by is None:
+                with anyio.move_on_after(PROVIDER_EXIT_GRACE_S):
+                    await run.ended.wait()
+                if not run.ended.is_set() and run.terminal is None:
+                    run.forced_error = ProviderError(
+                        "provider.crashed",
+                        "the provider process exited during the run",
+                        retryable=True,
+                        details={"stderr_tail": adapter.stderr_tail()},
+                    )
+                    run.scope.cancel()
+            await run.ended.wait()
+        else:
             await self.emit(
                 "diagnostic.reported",
                 {
-                    "code": self._provider_error.code,
-                    "severity": "error",
-                    "message": self._provider_error.message,
-                    "details": self._provider_error.details,
+                    "code": "provider.exited",
+                    "severity": "warning",
+                    "message": "the provider process exited while idle; restarting it",
+                    "details": {"stderr_tail": adapter.stderr_tail()},
                 },
             )
-        else:
-            self.provider_start_ms = (time.monotonic() - t0) * 1000
-            self._fire("provider_ready")
-        self._provider_ready.set()
-
-    async def _restart_provider(self, reason: str) -> None:
-        self._provider_ready = anyio.Event()
-        self._provider_error = None
-        self._fire("provider_lost")
-        with anyio.CancelScope(shield=True):
-            try:
-                with anyio.move_on_after(10):
-                    await self.adapter.stop()
-            except Exception as exc:
-                log.warning("provider.stop_failed", error=str(exc))
-        if self._stopping:
-            self._provider_ready.set()
-            return
-        self.adapter = self._new_adapter()
-        await self.emit(
-            "diagnostic.reported",
-            {"code": "provider.restarted", "severity": "warning", "message": f"provider restarted: {reason}"},
-        )
-        await self._start_provider()
+        # A no-op when the run path already replaced this adapter.
+        self.supervisor.lost(adapter, "the provider exited", crashed=True)
 
     # -- the events port -----------------------------------------------------------------------------
     async def emit(self, kind: str, payload: dict[str, Any]) -> None:
@@ -217,6 +252,7 @@ class Kernel:
                     log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
                     return
                 run_id = run.run_id
+                run.last_activity = time.monotonic()
                 if kind == "tool.started":
                     run.tools_started.setdefault(str(payload.get("tool_call_id")), str(payload.get("name", "")))
                 elif kind == "tool.completed":
@@ -382,7 +418,7 @@ class Kernel:
                     await self._finish(cid, seq, fp, "completed", result={"already_terminal": True})
                     return
                 await self.cancel_run(run, requested_by="control_plane", reason=command.reason)
-                await run.ended.wait()
+                await run.receipted.wait()
                 await self._finish(
                     cid,
                     seq,
@@ -408,9 +444,14 @@ class Kernel:
                 if self.run is not None:
                     await fail("driver.run_active", "a run is active; cancel it before a reset", retryable=True)
                     return
-                await self._provider_ready.wait()
                 try:
-                    previous, current = await self.adapter.reset()
+                    adapter = await self.supervisor.ready()
+                    # A reset may respawn the provider process: that exit is ours, not a crash.
+                    self.supervisor.unwatch()
+                    try:
+                        previous, current = await adapter.reset()
+                    finally:
+                        self.supervisor.rewatch()
                 except ProviderError as exc:
                     await fail(exc.code, exc.message, exc.retryable)
                     return
@@ -445,15 +486,25 @@ class Kernel:
         error: ProviderError | None = None
         with run.scope:
             try:
-                await self._provider_ready.wait()
-                if self._provider_error is not None:
-                    raise self._provider_error
-                outcome = await self.adapter.run(run.run_id, command.input)
+                adapter = await self.supervisor.ready()
+                run.adapter = adapter
+                run.last_activity = time.monotonic()
+                silence = anyio.CancelScope()
+                assert self._tg is not None
+                self._tg.start_soon(self._watch_silence, run, adapter, silence)
+                try:
+                    outcome = await adapter.run(run.run_id, command.input)
+                finally:
+                    silence.cancel()
             except ProviderError as exc:
                 error = exc
             except Exception as exc:
                 log.exception("run.adapter_error", run_id=run.run_id)
                 error = ProviderError("driver.internal", f"{type(exc).__name__}: {exc}")
+        if outcome is None and error is None and run.forced_error is not None:
+            error = run.forced_error
+        if error is not None and error.code == "provider.crashed" and run.adapter is not None:
+            error.details.setdefault("stderr_tail", run.adapter.stderr_tail())
         terminal_id = await self._end_run(run, outcome, error)
         status = _STATUS_OF[run.terminal or "run.failed"]
         self.outbox.watch(terminal_id)
@@ -461,13 +512,15 @@ class Kernel:
         self._fire("run_ended")
         run.ended.set()
         self._last_activity = time.monotonic()
-        if (error is not None and error.code in ("provider.crashed", "provider.unresponsive")) or run.cancel_phase in (
-            "terminate",
-            "kill",
-        ):
-            assert self._tg is not None
-            self._tg.start_soon(self._restart_provider, f"after run {run.run_id}")
+        if run.adapter is not None:
+            if run.cancel_requested_by is not None and run.cancel_phase in ("terminate", "kill"):
+                # We killed it (its adapter may call that a crash): restart for the next run, not a crash.
+                reason = f"cancel reached {run.cancel_phase} in run {run.run_id}"
+                self.supervisor.lost(run.adapter, reason, crashed=False)
+            elif error is not None and error.code in ("provider.crashed", "provider.unresponsive"):
+                self.supervisor.lost(run.adapter, f"{error.code} in run {run.run_id}", crashed=True)
         await self.outbox.receipted(terminal_id)
+        run.receipted.set()
         result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
         if status == "failed":
             err = error or ProviderError("provider.failed", "the run failed")
@@ -476,6 +529,31 @@ class Kernel:
             await self._finish(cid, seq, fp, "failed", error=CommandError(err.code, err.message, err.retryable))
         else:
             await self._finish(cid, seq, fp, status, result=result)
+
+    async def _watch_silence(self, run: Run, adapter: Adapter, scope: anyio.CancelScope) -> None:
+        """End the run as provider.unresponsive when its provider goes quiet for too long. Time spent
+        waiting on the control plane (a pending permission or host tool call) does not count."""
+        limit = self.options.provider_silence_timeout_s
+        if limit <= 0:
+            return
+        with scope:
+            while True:
+                if self.permissions.pending_count or self.host_tools.pending_count or run.cancel_requested_by:
+                    run.last_activity = time.monotonic()
+                quiet = time.monotonic() - run.last_activity
+                if quiet >= limit:
+                    break
+                await anyio.sleep(min(limit - quiet, 1.0) + 0.01)
+        if scope.cancel_called:
+            return
+        log.error("run.provider_unresponsive", run_id=run.run_id, silent_s=round(quiet, 1))
+        run.forced_error = ProviderError(
+            "provider.unresponsive",
+            f"the provider sent nothing for {limit:g} s during the run",
+            retryable=True,
+            details={"stderr_tail": adapter.stderr_tail()},
+        )
+        run.scope.cancel()
 
     async def _end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
         """Choose the run's one terminal and admit it. A cancel requested before this point wins."""
@@ -504,6 +582,7 @@ class Kernel:
                     "phase": run.cancel_phase,
                     "tool_calls_started": sorted(run.tools_started),
                     "side_effects": "tool side effects already done are not undone",
+                    "signalled_process_groups": run.signalled_groups,
                 },
             }
         elif error is not None:
@@ -566,33 +645,31 @@ class Kernel:
     async def _escalate(self, run: Run) -> None:
         try:
             with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
-                await self.adapter.cancel()
+                await (run.adapter or self.adapter).cancel()
         except Exception as exc:
             log.warning("cancel.interrupt_failed", error=str(exc))
         with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
             await run.ended.wait()
             return
         run.cancel_phase = "terminate"
-        self._signal_provider(signal.SIGTERM)
+        self._signal_provider(run, signal.SIGTERM)
         with anyio.move_on_after(self.options.cancel_term_grace_s):
             await run.ended.wait()
             return
         run.cancel_phase = "kill"
-        self._signal_provider(signal.SIGKILL)
+        self._signal_provider(run, signal.SIGKILL)
         with anyio.move_on_after(1.0):
             await run.ended.wait()
             return
         # The adapter did not return even with its provider dead: end the run without it.
         run.scope.cancel()
 
-    def _signal_provider(self, sig: int) -> None:
-        for pgid in self.adapter.process_group_ids():
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
-            except PermissionError as exc:
-                log.warning("cancel.signal_failed", pgid=pgid, error=str(exc))
+    def _signal_provider(self, run: Run, sig: int) -> None:
+        adapter = run.adapter or self.adapter
+        for pgid in self.supervisor.signal(adapter, sig):
+            if pgid not in run.signalled_groups:
+                run.signalled_groups.append(pgid)
+        log.warning("cancel.signalled", run_id=run.run_id, signal=sig, groups=run.signalled_groups)
 
     # -- restart recovery ----------------------------------------------------------------------------
     async def recover(self) -> None:
@@ -663,11 +740,7 @@ class Kernel:
         if run is not None:
             await self.cancel_run(run, requested_by=requested_by, reason=reason)
             await run.ended.wait()
-        with anyio.move_on_after(10):
-            try:
-                await self.adapter.stop()
-            except Exception as exc:
-                log.warning("provider.stop_failed", error=str(exc))
+        await self.supervisor.stop()
         await self.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled
         if drain:
@@ -715,6 +788,7 @@ class Kernel:
         self._link = link
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self.supervisor.bind(tg)
             tg.start_soon(self.outbox.run)
             await self.recover()
             tg.start_soon(self._boot_provider)
@@ -732,7 +806,7 @@ class Kernel:
         return self.exit_status if self.exit_status is not None else 0
 
     async def _boot_provider(self) -> None:
-        await self._start_provider()
+        await self.supervisor.boot()
         timings = {
             "boot_ms": round((time.monotonic() - self.started_monotonic) * 1000, 1),
             "provider_start_ms": round(self.provider_start_ms, 1) if self.provider_start_ms is not None else None,
@@ -756,11 +830,8 @@ class Kernel:
             return
         # Fatal: stop providers and exit with the table's status; the journal keeps what is unsent.
         self._stopping = True
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            try:
-                await self.adapter.stop()
-            except Exception as exc:
-                log.warning("provider.stop_failed", error=str(exc))
+        with anyio.CancelScope(shield=True):
+            await self.supervisor.stop()
         self.exit_status = reaction.exit_status
         self._done.set()
 
@@ -770,6 +841,8 @@ class Kernel:
                 if self._stopping:
                     # Second signal: exit at once after flushing the journal.
                     log.warning("driver.signal_exit", signal=signum)
+                    # No orphans: the provider groups go at once, not after their grace periods.
+                    self.supervisor.kill_now()
                     with anyio.CancelScope(shield=True):
                         await self.outbox.flush()
                     self.exit_status = 128 + signum

@@ -1,0 +1,141 @@
+"""PROTOCOL §5 through the real driver process: the cancel state machine (interrupt → SIGTERM → SIGKILL
+→ restart), cancelled permissions, and a cancel racing the natural end of a run.
+
+The provider is our stubborn ACP agent (tests/helpers/stubborn_acp_agent.py), a real process that
+misbehaves on cue; the grace periods are shortened through AGENT_DRIVER_CANCEL_GRACE_MS and
+AGENT_DRIVER_TERM_GRACE_MS. The tests marked `provider` do the same against each real runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import INSTANCE, boot_payload, control_plane, kinds
+from tests.kernel.support import (
+    TERMINALS,
+    Driver,
+    now,
+    terminals,
+    wait_diagnostic,
+    wait_group_gone,
+    wait_provider,
+    wait_terminal,
+)
+
+GRACE = {"AGENT_DRIVER_CANCEL_GRACE_MS": "400", "AGENT_DRIVER_TERM_GRACE_MS": "400"}
+
+
+def start(tmp: Path, url: str, drivers: list[Driver], *, env: dict[str, str] | None = None, **kw: Any) -> Driver:
+    d = Driver(tmp, boot_payload(tmp, url, **kw), env={**GRACE, **(env or {})})
+    drivers.append(d)
+    return d
+
+
+async def started_run(cp: Any, run_id: str, text: str) -> str:
+    cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": text})
+    await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "message.delta" and e["run_id"] == run_id, timeout=20)
+    return cid
+
+
+async def cancel(cp: Any, run_id: str, timeout: float = 20) -> dict[str, Any]:
+    cid, _ = await cp.send_command(INSTANCE, "turn.cancel", run_id=run_id, reason="user")
+    status: dict[str, Any] = await cp.wait_for_command_status(cid, timeout=timeout)
+    return status
+
+
+async def assert_next_run_works(cp: Any, run_id: str) -> None:
+    cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": f"[[say:{run_id} ok]]"})
+    status = await cp.wait_for_command_status(cid, timeout=30)
+    assert status["status"] == "completed", status
+    assert terminals(cp, run_id)[-1]["payload"]["final_message_text"] == f"{run_id} ok"
+
+
+@pytest.mark.parametrize(("mode", "phase"), [("ignore-cancel", "terminate"), ("ignore-term", "kill")])
+async def test_escalation_reaches_signals_in_bounded_time_then_restarts(
+    tmp_path: Path, drivers: list[Driver], mode: str, phase: str
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        d = start(tmp_path, cp.url, drivers, mode=mode)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        pgid = await wait_provider(d)
+        input_cid = await started_run(cp, "run-1", "[[slow]]")
+
+        t0 = now()
+        status = await cancel(cp, "run-1")
+        elapsed = now() - t0
+        # interrupt grace 0.4 s (+ terminate grace 0.4 s for kill), plus the link round trips.
+        assert elapsed < (1.5 if phase == "terminate" else 2.0), elapsed
+        assert status["status"] == "completed"
+        assert status["result"]["terminal"] == "run.cancelled" and status["result"]["phase"] == phase
+
+        terminal = terminals(cp, "run-1")
+        assert [t["kind"] for t in terminal] == ["run.cancelled"]
+        details = terminal[0]["payload"]["details"]
+        assert details["phase"] == phase
+        assert details["signalled_process_groups"] == [pgid]
+        assert "not undone" in details["side_effects"]
+        assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
+        await wait_group_gone(pgid)
+
+        # Killed, not crashed: restarted for the next run without counting a crash.
+        restarting = await wait_diagnostic(cp, "provider.restarting")
+        assert restarting["payload"]["details"]["crashed"] is False
+        await assert_next_run_works(cp, "run-2")
+        assert await wait_provider(d) != pgid
+
+
+async def test_cancel_while_permission_pending(tmp_path: Path, drivers: list[Driver]) -> None:
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        input_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-p", input={"text": "[[perm]]"})
+        asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=20)
+
+        status = await cancel(cp, "run-p")
+        assert status["result"]["phase"] == "interrupt"
+        resolved = cp.events(INSTANCE, "permission.resolved", run_id="run-p")
+        assert len(resolved) == 1
+        assert resolved[0]["payload"]["request_id"] == asked["payload"]["request_id"]
+        assert resolved[0]["payload"]["outcome"] == "cancelled"
+        assert resolved[0]["payload"]["decided_by"] == "cancel"
+        terminal = terminals(cp, "run-p")
+        assert [t["kind"] for t in terminal] == ["run.cancelled"]
+        assert asked["payload"]["tool_call_id"] in terminal[0]["payload"]["details"]["tool_calls_started"]
+        assert resolved[0]["seq"] < terminal[0]["seq"]
+        assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
+        await assert_next_run_works(cp, "run-q")
+
+
+async def test_cancel_racing_the_natural_end_has_one_consistent_terminal(tmp_path: Path, drivers: list[Driver]) -> None:
+    status_of = {"run.completed": "completed", "run.cancelled": "cancelled", "run.failed": "failed"}
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        seen: set[str] = set()
+        for i in range(8):
+            run_id = f"race-{i}"
+            text = {"text": "[[say:quick]]"}
+            input_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input=text)
+            if i % 2:
+                # Let the run get further before the cancel lands.
+                await cp.wait_for_event(INSTANCE, lambda e, r=run_id: e["run_id"] == r and e["kind"] == "run.started")
+            cancel_status = await cancel(cp, run_id)
+            input_status = await cp.wait_for_command_status(input_cid, timeout=20)
+            terminal = await wait_terminal(cp, run_id)
+            evs = cp.events(INSTANCE, run_id=run_id)
+            assert [e["kind"] for e in evs if e["kind"] in TERMINALS] == [terminal["kind"]]
+            assert evs[-1]["kind"] == terminal["kind"]  # nothing run-scoped after the terminal
+            assert input_status["status"] == status_of[terminal["kind"]]
+            assert cancel_status["status"] == "completed"
+            result = cancel_status["result"]
+            if result.get("already_terminal"):
+                assert terminal["kind"] != "run.cancelled"
+            else:
+                assert result["terminal"] == terminal["kind"]
+            seen.add(terminal["kind"])
+        assert seen <= {"run.completed", "run.cancelled"}
+        assert "run.cancelled" in seen
+        assert kinds(cp.events(INSTANCE, "run.failed")) == []
