@@ -81,8 +81,8 @@ class BestEffortBuffer:
             return False
         self._bytes += len(merged) - len(last.payload)
         last.payload = merged
-        return True
         last.pieces += new.pieces
+        return True
 
     def take(self, max_events: int, max_bytes: int) -> list[BestEffortEvent]:
         out: list[BestEffortEvent] = []
