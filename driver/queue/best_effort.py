@@ -7,6 +7,7 @@ one's seq and event_id), which is what keeps a fast token stream cheap on a slow
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -84,17 +85,23 @@ class BestEffortBuffer:
         last.pieces += new.pieces
         return True
 
-    def take(self, max_events: int, max_bytes: int) -> list[BestEffortEvent]:
-        out: list[BestEffortEvent] = []
+    def take(
+        self, max_events: int, max_bytes: int, encode: Callable[[BestEffortEvent], bytes], *, fill: bool = False
+    ) -> list[tuple[BestEffortEvent, bytes]]:
+        """Oldest first, each with its encoding, while their encodings (plus a separator each) fit in
+        `max_bytes`. The first one goes even when larger, unless `fill`: the batch already holds events,
+        and appending must not push its frame over the limit."""
+        out: list[tuple[BestEffortEvent, bytes]] = []
         size = 0
         while self._items and len(out) < max_events:
             item = self._items[0]
-            if out and size + len(item.payload) + 256 > max_bytes:
+            encoded = encode(item)
+            if (out or fill) and size + len(encoded) + 1 > max_bytes:
                 break
             self._items.popleft()
             self._bytes -= len(item.payload)
-            out.append(item)
-            size += len(item.payload) + 256
+            out.append((item, encoded))
+            size += len(encoded) + 1
         return out
 
     def count_drop(self, run_id: str | None, n: int = 1) -> None:

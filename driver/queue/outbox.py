@@ -255,7 +255,19 @@ class Outbox:
             if body is None:  # deleted meanwhile: nothing to send
                 continue
             bodies.append(body)
-        be = self.best_effort.take(max_events - len(bodies), max_bytes - size) if self.link_up else []
+        # Best-effort events fill what is left, measured by their real encoding; 64 bytes stay for the
+        # frame's own envelope, as for the lossless events above.
+        taken = (
+            self.best_effort.take(
+                max_events - len(bodies),
+                max_bytes - size - 64,
+                lambda b: b.encode(self.epoch, self.session_id),
+                fill=bool(bodies),
+            )
+            if self.link_up
+            else []
+        )
+        be = [b for b, _ in taken]
         if not bodies and not be:
             return None
         self._batch_no += 1
@@ -266,7 +278,7 @@ class Outbox:
             e.attempts += 1
             e.state = IN_FLIGHT
             e.batch = self._batch_no
-        frame_events = bodies + [b.encode(self.epoch, self.session_id) for b in be]
+        frame_events = bodies + [encoded for _, encoded in taken]
         self._in_flight[self._batch_no] = (now + self.retry.receipt_timeout, seqs, be)
         return Batch(self._batch_no, frame_events, seqs, be)
 
