@@ -50,6 +50,7 @@ _PLATFORMS = {
     "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
     "arm64": ("linux-arm64", "aarch64-unknown-linux-musl"),
 }
+_IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp"})
 _HELPER_NAMES = ("codex-linux-sandbox",)
 _ITEM_APPROVALS = ("item/commandExecution/requestApproval", "item/fileChange/requestApproval")
 
@@ -193,8 +194,11 @@ class CodexAdapter(Adapter):
 
     async def _open_thread(self) -> None:
         resume = self.config.execution.native_resume
-        if resume is not None and resume.runtime == RUNTIME:
+        if resume is not None:
             try:
+                if resume.runtime != RUNTIME:
+                    # Another runtime's session id: Codex cannot resume it.
+                    raise JsonRpcError(0, f"a {resume.runtime} session cannot be resumed by codex")
                 result = await self._call("thread/resume", {**self._thread_params(), "threadId": resume.value})
                 self._thread_id = self._thread_of(result)
             except JsonRpcError as exc:
@@ -293,12 +297,16 @@ class CodexAdapter(Adapter):
             lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
             lines += [f"{role}: {said}" for role, said in self._recovery_pending]
             text = "\n".join(lines) + "\n\n" + text
-        items: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        # The kernel downloads attachments into cwd/inputs/ before the run. Images go to the model as
+        # images; any other file is named in the text for the agent to open with its tools.
+        images: list[dict[str, Any]] = []
         for attachment in run_input.attachments:
-            # The kernel downloads attachments into cwd/inputs/ before the run.
             path = self._cwd / "inputs" / attachment.name
-            items.append({"type": "mention", "name": attachment.name, "path": str(path)})
-        return items
+            if path.suffix.lower() in _IMAGE_SUFFIXES:
+                images.append({"type": "localImage", "path": str(path)})
+            else:
+                text += f"\n\nAttached file: inputs/{attachment.name}"
+        return [{"type": "text", "text": text}, *images]
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         peer, proc = self._peer, self._proc

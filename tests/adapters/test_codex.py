@@ -54,6 +54,7 @@ def make(
     recovery: list[RecoveryMessage] | None = None,
     perms: ScriptedPermissions | None = None,
     state: str = "state",
+    system_prompt: str = "",
 ) -> Harness:
     cwd = tmp_path / "work"
     cwd.mkdir(exist_ok=True)
@@ -62,6 +63,7 @@ def make(
         revision="rev-1",
         runtime="openai-app-server",
         model="gpt-5.5",
+        system_prompt=system_prompt,
         permission_policy=policy,  # type: ignore[arg-type]
         environment={"OPENAI_API_KEY": API_KEY},
         provider_options={"base_url": base_url, "env_key": "OPENAI_API_KEY"},
@@ -93,7 +95,7 @@ def test_missing_binary_is_provider_missing(tmp_path: Path) -> None:
 
 @pytest.mark.provider
 async def test_text_thought_usage_and_offline_config(tmp_path: Path, fake: FakeResponses) -> None:
-    h = make(tmp_path, fake.base_url)
+    h = make(tmp_path, fake.base_url, system_prompt="Always answer like a pirate.")
     await h.adapter.start()
     try:
         thread_id = h.adapter.native_id
@@ -120,6 +122,8 @@ async def test_text_thought_usage_and_offline_config(tmp_path: Path, fake: FakeR
         config = (tmp_path / "state" / "codex-home" / "config.toml").read_text()
         assert API_KEY not in config and 'env_key = "OPENAI_API_KEY"' in config
         assert not fake.other_requests
+        developer = [i for i in fake.requests[-1]["input"] if i.get("role") == "developer"]
+        assert "Always answer like a pirate." in str(developer)
     finally:
         await h.adapter.stop()
     assert h.adapter.process_group_ids() == []
