@@ -150,9 +150,11 @@ def _claude(env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetu
     key = env.get("ANTHROPIC_API_KEY")
     if key:
         environment = {"ANTHROPIC_API_KEY": key}
+        notice = "Using the real Anthropic API (ANTHROPIC_API_KEY is set)."
         if env.get("ANTHROPIC_BASE_URL"):
             environment["ANTHROPIC_BASE_URL"] = env["ANTHROPIC_BASE_URL"]
-        return ProviderSetup("Using the real Anthropic API (ANTHROPIC_API_KEY is set).", environment)
+            notice = f"Using the Anthropic API at {env['ANTHROPIC_BASE_URL']} (ANTHROPIC_API_KEY is set)."
+        return ProviderSetup(notice, environment)
     from driver.testing.fake_anthropic import FakeAnthropic
 
     fake = stack.enter_context(FakeAnthropic())
@@ -168,7 +170,9 @@ def _openai_endpoint(env: Mapping[str, str], stack: contextlib.ExitStack) -> tup
     """(notice, base URL or None for the provider's default, API key)."""
     key = env.get("OPENAI_API_KEY")
     if key:
-        return "Using the real OpenAI API (OPENAI_API_KEY is set).", env.get("OPENAI_BASE_URL"), key
+        base_url = env.get("OPENAI_BASE_URL")
+        where = f"the OpenAI API at {base_url}" if base_url else "the real OpenAI API"
+        return f"Using {where} (OPENAI_API_KEY is set).", base_url, key
     from driver.testing.fake_responses import FakeResponses
 
     fake = stack.enter_context(FakeResponses())
@@ -489,7 +493,9 @@ class Transcript:
             tool_id = str(p.get("tool_call_id"))
             name = str(p.get("name") or "tool")
             self._tools[tool_id] = name
-            return f"[tool] {name}: {_short(p.get('title') or p.get('input') or '')}"
+            detail = _short(p.get("title") or p.get("input") or "")
+            # Titles often name the tool already ("Bash: Run ls"): do not say it twice.
+            return f"[tool] {detail}" if detail.startswith(name) else f"[tool] {name}: {detail}"
         if kind == "tool.completed":
             name = self._tools.get(str(p.get("tool_call_id")), "tool")
             status, code = p.get("status"), p.get("exit_code")
@@ -537,23 +543,23 @@ class DevChat:
     def __init__(
         self,
         cp: ControlPlane,
-        instance_id: str,
-        driver: asyncio.subprocess.Process,
         paths: DevPaths,
+        driver: asyncio.subprocess.Process,
         out: TextIO,
+        actions: asyncio.Queue[Action],
         *,
         once: str | None,
         prompts: bool,
         color: bool,
     ) -> None:
         self.cp = cp
-        self.instance_id = instance_id
+        self.instance_id = paths.instance_id
         self.driver = driver
         self.paths = paths
         self.out = out
         self.once = once
         self.prompts = prompts  # stdin is a terminal: show "you> " and "allow? [y/n] "
-        self.actions: asyncio.Queue[Action] = asyncio.Queue()
+        self.actions = actions
         self.transcript = Transcript(color)
         self.status = Status()
         self.phase = "starting"  # starting | idle | running | stopping
@@ -561,6 +567,7 @@ class DevChat:
         self.waiting: deque[Action] = deque()  # typed ahead: ("input", text) | ("quit", None)
         self.permissions: deque[Mapping[str, Any]] = deque()
         self.stdin_open = once is None
+        self.link_lost = False
         self.commands: dict[str, str] = {}  # command id -> kind, for commands this chat sent
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -610,9 +617,13 @@ class DevChat:
 
     def _on_link(self, item: Mapping[str, Any]) -> None:
         self.status.connected = item.get("state") == "up"
-        if not self.status.connected and self.phase != "stopping":
+        if self.phase == "stopping":
+            return
+        if not self.status.connected:
+            self.link_lost = True
             self.say(f"[link] down (close code {item.get('close_code')}); the driver reconnects by itself")
-        elif self.status.connected and self.phase != "starting":
+        elif self.link_lost:
+            self.link_lost = False
             self.say("[link] up again")
 
     def _on_update(self, item: Mapping[str, Any]) -> None:
@@ -695,6 +706,8 @@ class DevChat:
         if kind == "driver_exited":
             return self._driver_exited(int(value))
         if kind == "interrupt":
+            if self.prompts:
+                self.transcript.mark_line_start(False)  # the terminal echoed "^C" where the cursor was
             await self._interrupt()
         elif kind == "stop":
             await self.stop(str(value))
@@ -913,6 +926,13 @@ class DevOptions:
 
 
 async def run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str]) -> int:
+    # Signals become actions from the very start, so Ctrl-C while starting up stops cleanly too.
+    actions: asyncio.Queue[Action] = asyncio.Queue()
+    with signals_to_actions(asyncio.get_running_loop(), actions.put_nowait):
+        return await _run_dev(options, out, env, actions)
+
+
+async def _run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str], actions: asyncio.Queue[Action]) -> int:
     from driver import logs
     from driver.controlplane.server import ControlPlane
 
@@ -929,11 +949,26 @@ async def run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str]) -> i
         )
         async with cp:
             _banner(out, options, paths, cp.url)
+            if not actions.empty():  # only a signal can be queued yet: nothing to stop
+                out.write("[dev] interrupted before the driver started\n")
+                return 130
             with cp.subscribe(paths.instance_id) as sub:
                 write_boot_file(paths.boot_file, boot_payload(paths, cp.url, token, options.runtime, provider))
                 driver = await launch_driver(paths, env)
                 try:
-                    return await _chat(cp, driver, paths, out, sub, options)
+                    chat = DevChat(
+                        cp,
+                        paths,
+                        driver,
+                        out,
+                        actions,
+                        once=options.once,
+                        prompts=options.once is None and sys.stdin.isatty(),
+                        color=_wants_color(out),
+                    )
+                    if options.once is None:
+                        start_stdin_reader(asyncio.get_running_loop(), chat.push)
+                    return await chat.serve(sub)
                 finally:
                     await end_process(driver)
                     # The driver deletes the boot file as it reads it; if it never did, the token must go.
@@ -943,7 +978,8 @@ async def run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str]) -> i
 
 def _banner(out: TextIO, options: DevOptions, paths: DevPaths, url: str) -> None:
     out.write(
-        f"agent-driver dev: runtime {options.runtime}, instance {paths.instance_id}\n"
+        f"agent-driver dev: runtime {options.runtime}{' (agent: codex-acp)' if options.runtime == 'acp' else ''}, "
+        f"instance {paths.instance_id}\n"
         f"  driver log (its stderr): {paths.driver_log}\n"
         f"  control plane: {url}, events stored in {paths.db}, its log in {paths.cp_log}\n"
         f"  agent workspace: {paths.workspace}\n"
@@ -952,31 +988,6 @@ def _banner(out: TextIO, options: DevOptions, paths: DevPaths, url: str) -> None
         out.write(HELP + "\n")
     out.write(f"[driver] starting {options.runtime}...\n")
     out.flush()
-
-
-async def _chat(
-    cp: ControlPlane,
-    driver: asyncio.subprocess.Process,
-    paths: DevPaths,
-    out: TextIO,
-    sub: Subscription,
-    options: DevOptions,
-) -> int:
-    loop = asyncio.get_running_loop()
-    chat = DevChat(
-        cp,
-        paths.instance_id,
-        driver,
-        paths,
-        out,
-        once=options.once,
-        prompts=options.once is None and sys.stdin.isatty(),
-        color=_wants_color(out),
-    )
-    with signals_to_actions(loop, chat.push):
-        if options.once is None:
-            start_stdin_reader(loop, chat.push)
-        return await chat.serve(sub)
 
 
 def main(args: argparse.Namespace) -> int:

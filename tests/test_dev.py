@@ -86,6 +86,9 @@ def test_notes_break_an_open_message_line_and_it_resumes_with_its_prefix() -> No
         AGENT_PREFIX + "check.",
         "[tool] Bash declined",
     ]
+    # A title that names the tool already is not prefixed twice.
+    titled = t.event(ev("tool.started", tool_call_id="t2", name="Bash", title="Bash: Run ls", input={}))
+    assert titled == "[tool] Bash: Run ls\n"
 
 
 def test_user_messages_are_not_echoed_and_a_run_without_messages_shows_its_final_text() -> None:
@@ -167,6 +170,7 @@ def leftover_boot_files(workdir: Path) -> list[Path]:
 
 
 @pytest.mark.provider
+@pytest.mark.timeout(300)  # a cold Claude CLI on a loaded 2-core machine
 def test_once_prints_the_streamed_reply_offline_and_exits_zero(tmp_path: Path) -> None:
     workdir = tmp_path / "dev"
     proc = subprocess.run(
@@ -176,7 +180,7 @@ def test_once_prints_the_streamed_reply_offline_and_exits_zero(tmp_path: Path) -
         env=dev_env(),
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
-        timeout=150,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
@@ -220,6 +224,7 @@ class Screen:
 
 
 @pytest.mark.provider
+@pytest.mark.timeout(400)
 async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
     workdir = tmp_path / "dev"
     proc = await asyncio.create_subprocess_exec(
