@@ -56,6 +56,8 @@ REJECT_KINDS: tuple[str, ...] = ("reject_once", "reject_always")
 OPTION_KINDS: frozenset[str] = frozenset(ALLOW_KINDS + REJECT_KINDS)
 FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
 CANCELLED_OUTCOME: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
+CANCEL_RESENDS = 3
+CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s
 
 
 class AcpAdapter(Adapter):
@@ -78,6 +80,7 @@ class AcpAdapter(Adapter):
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
+        self._cancel_event = anyio.Event()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._recovery_pending: list[tuple[str, str]] = []
         self._cwd = Path(config.session.cwd).resolve()
@@ -338,10 +341,11 @@ class AcpAdapter(Adapter):
         turn = AcpTurn(run_id)
         self._turn = turn
         self._cancel_requested = False
+        self._cancel_event = anyio.Event()
         prompt = self._prompt_blocks(run_input)
         try:
             try:
-                raw = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+                raw = await self._prompt(prompt)
             except JsonRpcError as exc:
                 await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
                 if self._cancel_requested:
@@ -375,6 +379,32 @@ class AcpAdapter(Adapter):
                 for variant, count in turn.unknown_updates.items():
                     self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
                 log.info("acp.unknown_updates", counts=dict(turn.unknown_updates))
+
+    async def _prompt(self, prompt: list[dict[str, Any]]) -> Any:
+        """session/prompt, re-sending session/cancel while a requested cancel has not ended it.
+
+        A cancel can be written before the prompt itself (both are queued on the same pipe, and the
+        prompt's writer task may not have run yet); the agent then ignores it as a cancel of nothing
+        and runs the whole turn. Re-sending it (a notification, harmless when repeated) closes that gap.
+        """
+        answer: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def nudge() -> None:
+                await self._cancel_event.wait()
+                for _ in range(CANCEL_RESENDS):
+                    await anyio.sleep(CANCEL_RESEND_INTERVAL)
+                    await self._send_cancel()
+
+            tg.start_soon(nudge)
+            try:
+                answer["result"] = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+            except (JsonRpcError, ProviderError) as exc:
+                answer["error"] = exc
+            tg.cancel_scope.cancel()
+        if "error" in answer:
+            raise answer["error"]
+        return answer["result"]
 
     def _outcome(self, turn: AcpTurn, stop: str) -> TurnOutcome:
         common: dict[str, Any] = {
@@ -416,8 +446,12 @@ class AcpAdapter(Adapter):
         if self._turn is None:
             return
         self._cancel_requested = True
+        self._cancel_event.set()
         for scope in list(self._permission_scopes):
             scope.cancel()
+        await self._send_cancel()
+
+    async def _send_cancel(self) -> None:
         if self._peer is not None and self._session_id is not None:
             with contextlib.suppress(PeerClosed):
                 await self._peer.notify("session/cancel", {"sessionId": self._session_id})

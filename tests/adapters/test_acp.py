@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from driver.adapters import acp_models as m
@@ -313,6 +314,24 @@ async def test_stubborn_cancel_mid_stream(tmp_path: Path, stopper: Any) -> None:
     assert len(completed) == 1 and completed[0]["text"].startswith("word0 ")
     # The session is still usable.
     assert (await h.run("again", "run-2")).status == "completed"
+
+
+async def test_stubborn_cancel_before_the_prompt_is_written(tmp_path: Path, stopper: Any) -> None:
+    """A cancel that overtakes the prompt on the pipe is re-sent until the turn ends."""
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    outcome: list[TurnOutcome] = []
+    with anyio.fail_after(5):  # the [[slow]] stream lasts 20 s if the cancel is lost
+        async with anyio.create_task_group() as tg:
+
+            async def go() -> None:
+                outcome.append(await h.adapter.run("run-1", RunInput(text="[[slow]]")))
+
+            tg.start_soon(go)
+            while h.adapter._turn is None:
+                await anyio.lowlevel.checkpoint()
+            await h.adapter.cancel()
+    assert outcome[0].status == "cancelled"
 
 
 async def test_stubborn_ignores_cancel_then_stop_kills_it(tmp_path: Path, stopper: Any) -> None:
