@@ -1,0 +1,191 @@
+"""The permissions port (PROTOCOL §6.2): supervised requests, resolution, timeout, cancel, full_access."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from driver.adapters.base import PermissionDecision, PermissionOption, PermissionRequest
+from driver.ports.permissions import PermissionBroker, PermissionCommandError
+from driver.protocol.events import validate_payload
+
+OPTIONS = (
+    PermissionOption("opt-allow", "allow_once", "Allow"),
+    PermissionOption("opt-always", "allow_always", "Always allow"),
+    PermissionOption("opt-reject", "reject_once", "Reject"),
+)
+REQUEST = PermissionRequest("tool-1", "Run `ls`", OPTIONS, tool_name="shell", tool_input={"cmd": "ls"})
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.requested = anyio.Event()
+        self.pending_counts: list[int] = []
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        validate_payload(kind, payload)  # what the kernel does on every emit: the schema must hold
+        self.events.append((kind, payload))
+        if kind == "permission.requested":
+            self.requested.set()
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.events]
+
+    def payload(self, kind: str) -> dict[str, Any]:
+        return next(p for k, p in self.events if k == kind)
+
+
+def broker(
+    rec: Recorder, policy: Literal["full_access", "supervised"] = "supervised", timeout_ms: int = 60_000
+) -> PermissionBroker:
+    return PermissionBroker(
+        rec.emit, policy=policy, timeout_ms=timeout_ms, id_prefix="prm-1", on_pending_change=rec.pending_counts.append
+    )
+
+
+async def ask_and(rec: Recorder, b: PermissionBroker, act: Any) -> PermissionDecision:
+    """Start a request, wait until it was emitted, apply `act(request_id)`, return the decision."""
+    result: list[PermissionDecision] = []
+
+    async def asker() -> None:
+        result.append(await b.request(REQUEST))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(asker)
+            await rec.requested.wait()
+            act(rec.payload("permission.requested")["request_id"])
+    return result[0]
+
+
+async def test_supervised_request_is_resolved_by_the_control_plane() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    decision = await ask_and(rec, b, lambda rid: b.resolve(rid, "opt-always"))
+    assert decision == PermissionDecision("allowed", "opt-always", "allow_always")
+    assert rec.kinds == ["permission.requested", "permission.resolved"]
+    requested = rec.payload("permission.requested")
+    assert requested["request_id"] == "prm-1-1" and requested["tool_call_id"] == "tool-1"
+    assert requested["title"] == "Run `ls`"
+    assert requested["options"] == [{"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in OPTIONS]
+    assert rec.payload("permission.resolved") == {
+        "request_id": "prm-1-1",
+        "outcome": "allowed",
+        "option_id": "opt-always",
+        "decided_by": "control_plane",
+    }
+    assert rec.pending_counts == [1, 0]
+    assert b.pending_count == 0
+    assert "tool-1" not in b.rejected_tool_calls
+
+
+async def test_expires_at_is_now_plus_the_timeout() -> None:
+    rec = Recorder()
+    b = broker(rec, timeout_ms=300_000)
+    before = datetime.now(UTC)
+    await ask_and(rec, b, lambda rid: b.resolve(rid, "opt-allow"))
+    expires = datetime.fromisoformat(rec.payload("permission.requested")["expires_at"].replace("Z", "+00:00"))
+    assert before + timedelta(seconds=299) <= expires <= datetime.now(UTC) + timedelta(seconds=301)
+
+
+async def test_a_reject_option_rejects_and_marks_the_tool_call() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    decision = await ask_and(rec, b, lambda rid: b.resolve(rid, "opt-reject"))
+    assert decision.outcome == "rejected" and decision.option_kind == "reject_once"
+    assert rec.payload("permission.resolved")["outcome"] == "rejected"
+    assert "tool-1" in b.rejected_tool_calls
+
+
+async def test_unknown_option_is_an_error_and_the_request_stays_pending() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    errors: list[str] = []
+
+    def act(rid: str) -> None:
+        with pytest.raises(PermissionCommandError) as info:
+            b.resolve(rid, "opt-nope")
+        errors.append(info.value.code)
+        assert b.pending_count == 1
+        b.resolve(rid, "opt-allow")
+
+    decision = await ask_and(rec, b, act)
+    assert errors == ["permission.unknown_option"]
+    assert decision.outcome == "allowed"
+
+
+async def test_unknown_or_settled_request_is_an_error() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    with pytest.raises(PermissionCommandError) as info:
+        b.resolve("prm-1-99", "opt-allow")
+    assert info.value.code == "permission.unknown_request"
+    await ask_and(rec, b, lambda rid: b.resolve(rid, "opt-allow"))
+    with pytest.raises(PermissionCommandError) as again:
+        b.resolve("prm-1-1", "opt-allow")
+    assert again.value.code == "permission.unknown_request"
+
+
+async def test_no_answer_times_out_as_a_rejection() -> None:
+    rec = Recorder()
+    b = broker(rec, timeout_ms=50)
+    with anyio.fail_after(5):
+        decision = await b.request(REQUEST)
+    assert decision == PermissionDecision("timed_out", "opt-reject", "reject_once")
+    assert rec.kinds == ["permission.requested", "permission.resolved"]
+    resolved = rec.payload("permission.resolved")
+    assert resolved["outcome"] == "timed_out" and resolved["decided_by"] == "timeout"
+    assert resolved["option_id"] == "opt-reject"
+    assert "tool-1" in b.rejected_tool_calls
+    assert b.pending_count == 0 and rec.pending_counts == [1, 0]
+
+
+async def test_cancel_all_cancels_every_pending_request() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    results: list[PermissionDecision] = []
+    other = PermissionRequest("tool-2", "Write a file", OPTIONS)
+
+    async def asker(req: PermissionRequest) -> None:
+        results.append(await b.request(req))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(asker, REQUEST)
+            tg.start_soon(asker, other)
+            while b.pending_count < 2:
+                await anyio.lowlevel.checkpoint()
+            assert b.cancel_all() == 2
+    assert [r.outcome for r in results] == ["cancelled", "cancelled"]
+    resolved = [p for k, p in rec.events if k == "permission.resolved"]
+    assert {(p["outcome"], p["decided_by"], p["option_id"]) for p in resolved} == {("cancelled", "cancel", None)}
+    assert len(resolved) == 2
+    assert b.cancel_all() == 0
+    assert {"tool-1", "tool-2"} <= b.rejected_tool_calls
+
+
+async def test_full_access_allows_by_policy_and_records_it() -> None:
+    rec = Recorder()
+    b = broker(rec, policy="full_access")
+    with anyio.fail_after(5):
+        decision = await b.request(REQUEST)
+    assert decision == PermissionDecision("allowed", "opt-allow", "allow_once")
+    assert rec.kinds == ["permission.requested", "permission.resolved"]
+    resolved = rec.payload("permission.resolved")
+    assert (resolved["outcome"], resolved["decided_by"]) == ("allowed", "policy")
+    assert b.pending_count == 0 and rec.pending_counts == []
+
+
+async def test_request_ids_are_unique() -> None:
+    rec = Recorder()
+    b = broker(rec, policy="full_access")
+    for _ in range(3):
+        await b.request(REQUEST)
+    ids = [p["request_id"] for k, p in rec.events if k == "permission.requested"]
+    assert ids == ["prm-1-1", "prm-1-2", "prm-1-3"]
