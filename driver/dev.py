@@ -46,6 +46,7 @@ HEARTBEAT_MS = 1000  # frequent, so /status shows fresh outbox counts
 PERMISSION_TIMEOUT_MS = 15 * 60 * 1000  # a person answers these, not a program
 RUN_TERMINALS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 AGENT_PREFIX = "agent> "
+THINKING_PREFIX = "thinking> "
 USER_PROMPT = "you> "
 # Credentials the driver process itself never needs: they reach the provider through the boot payload.
 PROVIDER_SECRETS = frozenset({"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
@@ -384,17 +385,17 @@ class Status:
 
 
 class Transcript:
-    """Turns stored events into terminal text. Best-effort deltas are printed as they arrive; the
-    lossless `message.completed` arbitrates: what the deltas missed is printed then, and if they
-    disagree with it the whole message is printed again. Lines of notes never split a word of a
-    message: an open message line is ended first and resumed with the prefix again."""
+    """Turns stored events into terminal text. Best-effort deltas (of messages and of thoughts) are
+    printed as they arrive; the lossless `*.completed` arbitrates: what the deltas missed is printed
+    then, and if they disagree with it the whole text is printed again. A note never lands inside a
+    streamed line: the open line is ended first and the stream resumes with its prefix again."""
 
     def __init__(self, color: bool = False) -> None:
         self.color = color
-        self._shown: dict[str, str] = {}
+        self._shown: dict[str, str] = {}  # stream id ("m:<message_id>", "t:<thought_id>") -> text shown
         self._closed: set[str] = set()
         self._not_assistant: set[str] = set()
-        self._open: str | None = None
+        self._open: str | None = None  # the stream whose line the cursor is on
         self._at_line_start = True
         self._tools: dict[str, str] = {}
         self._messages_in_run = 0
@@ -416,58 +417,67 @@ class Transcript:
     def event(self, event: Mapping[str, Any]) -> str:
         kind = str(event.get("kind"))
         payload: Mapping[str, Any] = event.get("payload") or {}
+        message = f"m:{payload.get('message_id')}"
+        thought = f"t:{payload.get('thought_id')}"
         if kind == "run.started":
             self._messages_in_run = 0
-        if kind == "message.started":
+        elif kind == "message.started":
             if payload.get("role") != "assistant":
-                self._not_assistant.add(str(payload.get("message_id")))
+                self._not_assistant.add(message)
             return ""
-        if kind == "message.delta":
-            return self._delta(str(payload.get("message_id")), str(payload.get("text") or ""))
-        if kind == "message.completed":
-            return self._completed(payload)
-        if kind == "run.completed" and self._messages_in_run == 0 and payload.get("final_message_text"):
+        elif kind == "message.delta":
+            return self._delta(message, str(payload.get("text") or ""), AGENT_PREFIX)
+        elif kind == "thought.delta":
+            return self._delta(thought, str(payload.get("text") or ""), THINKING_PREFIX)
+        elif kind == "message.completed":
+            if message in self._not_assistant or payload.get("role", "assistant") != "assistant":
+                self._closed.add(message)
+                return ""
+            return self._completed(message, str(payload.get("text") or ""), AGENT_PREFIX)
+        elif kind == "thought.completed":
+            return self._completed(thought, str(payload.get("text") or ""), THINKING_PREFIX)
+        elif kind == "run.completed" and self._messages_in_run == 0 and payload.get("final_message_text"):
             # No message events came through (a provider without them): the terminal carries the text.
-            return self._completed(
-                {"message_id": f"final:{event.get('run_id')}", "text": payload["final_message_text"]}
-            )
+            final = f"m:final:{event.get('run_id')}"
+            return self._completed(final, str(payload["final_message_text"]), AGENT_PREFIX)
         note = self._note(kind, payload)
         return self.line(note) if note else ""
 
-    def _write(self, message_id: str, text: str) -> str:
+    def _write(self, stream: str, text: str, prefix: str) -> str:
         out = ""
-        if self._open != message_id:
-            out = ("" if self._at_line_start else "\n") + AGENT_PREFIX
-            self._open = message_id
+        if self._open != stream:
+            out = ("" if self._at_line_start else "\n") + prefix
+            self._open = stream
         out += text
         self._at_line_start = out.endswith("\n")
         return out
 
-    def _delta(self, message_id: str, text: str) -> str:
-        if not text or message_id in self._closed or message_id in self._not_assistant:
+    def _delta(self, stream: str, text: str, prefix: str) -> str:
+        if not text or stream in self._closed or stream in self._not_assistant:
             return ""
-        self._shown[message_id] = self._shown.get(message_id, "") + text
-        return self._write(message_id, text)
+        self._shown[stream] = self._shown.get(stream, "") + text
+        return self._write(stream, text, prefix)
 
-    def _completed(self, payload: Mapping[str, Any]) -> str:
-        message_id = str(payload.get("message_id"))
-        if message_id in self._closed:
+    def _completed(self, stream: str, full: str, prefix: str) -> str:
+        if stream in self._closed:
             return ""
-        self._closed.add(message_id)
-        shown = self._shown.pop(message_id, "")
-        if message_id in self._not_assistant or payload.get("role", "assistant") != "assistant":
-            return ""
-        full = str(payload.get("text") or "")
+        self._closed.add(stream)
+        shown = self._shown.pop(stream, "")
         if not full and not shown:
             return ""
-        self._messages_in_run += 1
-        if full.startswith(shown):
-            rest = full[len(shown) :]
-            out = self._write(message_id, rest) if rest else ""
+        if prefix == AGENT_PREFIX:
+            self._messages_in_run += 1
+        if full == shown:
+            # All of it was shown. End its line if the cursor is still on it; leave any other alone.
+            if self._open != stream:
+                return ""
+            out = ""
+        elif full.startswith(shown):
+            out = self._write(stream, full[len(shown) :], prefix)
         else:
             # The deltas said something else (lost or reordered): the completed text is the truth.
             self._open = None
-            out = self._write(message_id, full)
+            out = self._write(stream, full, prefix)
         if not self._at_line_start:
             out += "\n"
         self._open = None
@@ -487,8 +497,6 @@ class Transcript:
         if kind == "run.cancelled":
             details = p.get("details") or {}
             return f"[run cancelled] by {p.get('requested_by')} (phase: {details.get('phase')})"
-        if kind == "thought.completed":
-            return f"[thinking] {_short(p.get('text', ''))}"
         if kind == "tool.started":
             tool_id = str(p.get("tool_call_id"))
             name = str(p.get("name") or "tool")

@@ -22,6 +22,7 @@ import pytest
 
 from driver.dev import (
     AGENT_PREFIX,
+    THINKING_PREFIX,
     DevPaths,
     ProviderSetup,
     Status,
@@ -100,6 +101,20 @@ def test_user_messages_are_not_echoed_and_a_run_without_messages_shows_its_final
     assert t.event(ev("run.completed", final_message_text="done")) == AGENT_PREFIX + "done\n"
     failed = t.event(ev("run.failed", error={"code": "provider.crashed", "message": "boom", "retryable": True}))
     assert failed == "[run failed] provider.crashed: boom\n"
+
+
+def test_thoughts_stream_with_their_own_prefix_and_completing_one_leaves_the_reply_line_alone() -> None:
+    t = Transcript()
+    out = t.event(ev("thought.started", thought_id="th1", text=""))
+    out += t.event(ev("thought.delta", thought_id="th1", text="Let me think."))
+    out += t.event(ev("message.delta", message_id="m1", text="Hi"))
+    # The thought's lossless completion arrives while the reply is streaming: it was shown whole.
+    out += t.event(ev("thought.completed", thought_id="th1", text="Let me think."))
+    out += t.event(ev("message.delta", message_id="m1", text=" there"))
+    out += t.event(ev("message.completed", message_id="m1", role="assistant", text="Hi there"))
+    assert out == THINKING_PREFIX + "Let me think.\n" + AGENT_PREFIX + "Hi there\n"
+    # A thought whose deltas were lost is shown from its completed text.
+    assert t.event(ev("thought.completed", thought_id="th2", text="Hmm.")) == THINKING_PREFIX + "Hmm.\n"
 
 
 def test_permission_options_are_chosen_by_kind_not_position() -> None:
