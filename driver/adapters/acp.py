@@ -156,12 +156,17 @@ class AcpAdapter(Adapter):
             with anyio.fail_after(self.start_timeout):
                 await self._open_session()
         except TimeoutError:
+            await self.stop()
             raise ProviderError(
                 "provider.start_timeout",
                 f"acp agent did not finish starting within {self.start_timeout:g} s",
                 retryable=True,
                 details={"stderr_tail": proc.stderr_tail()},
             ) from None
+        except BaseException:
+            # A half-started agent is of no use to anyone: do not leave it running.
+            await self.stop()
+            raise
 
     async def _open_session(self) -> None:
         init = await self._call(
@@ -174,8 +179,10 @@ class AcpAdapter(Adapter):
         )
         self.agent = self._decode(init, m.InitializeResult, "initialize")
         resume = self.config.execution.native_resume
-        if resume is not None and resume.runtime == self.runtime:
-            if self.agent.agent_capabilities.load_session and await self._load_session(resume.value):
+        if resume is not None:
+            # A resume id of another runtime (the execution changed runtime) cannot be loaded either.
+            loadable = resume.runtime == self.runtime and self.agent.agent_capabilities.load_session
+            if loadable and await self._load_session(resume.value):
                 return
             current = await self._new_session()
             log.info("acp.session_reset", previous=resume.value, current=current)
@@ -311,6 +318,7 @@ class AcpAdapter(Adapter):
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._session_id
         current = await self._new_session()
+        self._recovery_pending = []  # the discarded conversation is not replayed into the new one
         return previous, current
 
     async def stop(self) -> None:

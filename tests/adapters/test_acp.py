@@ -84,6 +84,7 @@ def make_adapter(
     permissions: ScriptedPermissions | None = None,
     policy: str = "supervised",
     native_resume: str | None = None,
+    native_resume_runtime: str = "acp",
     recovery: list[tuple[str, str]] | None = None,
     provider_options: dict[str, Any] | None = None,
     mcp_servers: list[McpServer] | None = None,
@@ -102,7 +103,11 @@ def make_adapter(
         permission_policy=policy,  # type: ignore[arg-type]
         environment=environment or {},
         acp=AcpConfig(command=command, env=env or {}),
-        native_resume=NativeResume(runtime="acp", value=native_resume) if native_resume else None,
+        native_resume=(
+            NativeResume(runtime=native_resume_runtime, value=native_resume)  # type: ignore[arg-type]
+            if native_resume
+            else None
+        ),
         recovery_messages=[RecoveryMessage(role=r, text=t) for r, t in (recovery or [])],  # type: ignore[arg-type]
         provider_options=provider_options or {},
         mcp_servers=mcp_servers or [],
@@ -370,9 +375,22 @@ async def test_stubborn_exit_mid_turn_is_provider_crashed(tmp_path: Path, stoppe
 async def test_stubborn_no_init_times_out(tmp_path: Path, stopper: Any) -> None:
     h = stopper(stubborn(tmp_path, "no-init"))
     h.adapter.start_timeout = 1.0
-    with pytest.raises(ProviderError) as err:
-        await h.adapter.start()
+    groups: list[int] = []
+
+    async def note_group() -> None:
+        while h.adapter._proc is None:
+            await anyio.lowlevel.checkpoint()
+        groups.append(h.adapter._proc.pgid)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(note_group)
+        with pytest.raises(ProviderError) as err:
+            await h.adapter.start()
     assert err.value.code == "provider.start_timeout"
+    # The half-started agent was not left running.
+    assert h.adapter.process_group_ids() == []
+    with pytest.raises(ProcessLookupError):
+        os.killpg(groups[0], 0)
 
 
 async def test_stubborn_resume_and_reset(tmp_path: Path, stopper: Any) -> None:
@@ -402,6 +420,16 @@ async def test_stubborn_resume_and_reset(tmp_path: Path, stopper: Any) -> None:
     # Replayed once, on the first turn only.
     out = await lost.run("[[echo]] second", "run-2")
     assert out.final_message_text == "[[echo]] second"
+
+    # reset(): a fresh native session, announced like any other.
+    previous, current = await lost.adapter.reset()
+    assert previous == reset[0]["current"] and current not in (None, previous)
+    assert lost.events.of("runtime.resume.updated")[-1] == {"runtime": "acp", "value": current}
+
+    # A resume id of another runtime cannot be loaded: fresh session, reported.
+    other = stopper(stubborn(tmp_path / "d", native_resume=sid, native_resume_runtime="openai-app-server"))
+    await other.adapter.start()
+    assert other.events.of("runtime.session.reset") == [{"previous": sid, "current": other.adapter.native_id}]
 
 
 async def test_stubborn_env_var_authentication(tmp_path: Path, stopper: Any) -> None:
