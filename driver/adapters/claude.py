@@ -450,6 +450,19 @@ class ClaudeAdapter(Adapter):
         pgid = self._pgid(self._client) if self._client is not None else None
         return [pgid] if pgid is not None else []
 
+    async def wait_exited(self) -> None:
+        # The CLI is the SDK transport's child process. Watch whichever client is current: stop() and
+        # reset() drop `_client` before disconnecting, so an exit we caused is never reported.
+        while True:
+            client = self._client
+            process = getattr(getattr(client, "_transport", None), "_process", None)
+            if process is None:
+                await anyio.sleep(0.5)  # not connected (stopped, or between reset's stop and connect)
+                continue
+            await process.wait()
+            if self._client is client:
+                return
+
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._session_id
         await self.stop()
