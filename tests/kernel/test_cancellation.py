@@ -8,12 +8,16 @@ AGENT_DRIVER_TERM_GRACE_MS. The tests marked `provider` do the same against each
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.harness import INSTANCE, boot_payload, control_plane, kinds
+from tests.kernel import runtimes
+from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import (
     TERMINALS,
     Driver,
@@ -139,3 +143,49 @@ async def test_cancel_racing_the_natural_end_has_one_consistent_terminal(tmp_pat
         assert seen <= {"run.completed", "run.cancelled"}
         assert "run.cancelled" in seen
         assert kinds(cp.events(INSTANCE, "run.failed")) == []
+
+
+# -- the real runtimes --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    with ExitStack() as stack:
+        yield Fakes(stack)
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_real_runtime_cancel_mid_stream_and_while_permission_pending(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes, runtime: str
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), env=GRACE)
+        drivers.append(d)
+        started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+        assert started["payload"]["timings"]["provider_start_ms"] is not None, d.stderr()[-2000:]
+
+        # Mid-stream: the runtime's own interrupt ends the run (no signals needed).
+        input_cid = await started_run(cp, "run-slow", runtimes.SLOW)
+        status = await cancel(cp, "run-slow")
+        assert status["result"] == {"run_id": "run-slow", "terminal": "run.cancelled", "phase": "interrupt"}
+        assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
+        assert [t["kind"] for t in terminals(cp, "run-slow")] == ["run.cancelled"]
+
+        # While a permission is pending: resolved `cancelled` by the cancel, the tool call listed.
+        input_cid, _ = await cp.send_command(
+            INSTANCE, "input.start", run_id="run-perm", input={"text": runtimes.PERMISSION[runtime]}
+        )
+        asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=60)
+        status = await cancel(cp, "run-perm")
+        assert status["result"]["terminal"] == "run.cancelled"
+        resolved = cp.events(INSTANCE, "permission.resolved", run_id="run-perm")
+        assert [(r["payload"]["outcome"], r["payload"]["decided_by"]) for r in resolved] == [("cancelled", "cancel")]
+        [terminal] = terminals(cp, "run-perm")
+        assert terminal["kind"] == "run.cancelled"
+        assert asked["payload"]["tool_call_id"] in terminal["payload"]["details"]["tool_calls_started"]
+        assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
+        assert not (tmp_path / "cwd" / "notes.txt").exists()
+
+        # The runtime is still usable afterwards.
+        await assert_next_run_works(cp, "run-after")

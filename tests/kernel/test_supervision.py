@@ -7,7 +7,10 @@ The provider is our stubborn ACP agent in its misbehaving modes (tests/helpers/s
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ import pytest
 from driver.kernel import KernelOptions
 from driver.supervision import CrashWindow, EnvOptionError, options_from_env
 from tests.integration.harness import INSTANCE, TOKEN, boot_payload, control_plane
+from tests.kernel import runtimes
+from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import (
     Driver,
     children,
@@ -269,3 +274,30 @@ async def test_second_signal_exits_at_once(tmp_path: Path, drivers: list[Driver]
         assert now() - t0 < 2.0
         assert status == 128 + signal.SIGINT
         await wait_group_gone(pgid, timeout=2)
+
+
+# -- the real runtimes --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    with ExitStack() as stack:
+        yield Fakes(stack)
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_real_runtime_killed_while_idle_is_restarted(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes, runtime: str
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), env=FAST)
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+        pgid = await wait_provider(d)
+        os.killpg(pgid, signal.SIGKILL)
+        exited = await wait_diagnostic(cp, "provider.exited", timeout=30)
+        await wait_diagnostic(cp, "provider.restarted", after_seq=exited["seq"], timeout=60)
+        assert await wait_provider(d) != pgid
+        status = await run(cp, "run-1", "[[say:back again]]", timeout=60)
+        assert status["status"] == "completed", status
