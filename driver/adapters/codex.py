@@ -34,10 +34,17 @@ from driver.adapters.base import (
     ProviderError,
     TurnOutcome,
 )
-from driver.adapters.codex_config import CodexConfigError, CodexSettings, render_config, settings_from
+from driver.adapters.codex_config import (
+    HOST_TOKEN_ENV,
+    CodexConfigError,
+    CodexSettings,
+    render_config,
+    settings_from,
+)
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
 log = structlog.get_logger(__name__)
@@ -84,7 +91,16 @@ def _sha256(path: str) -> str | None:
 class CodexAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "file_change"}
+        {
+            "text_stream",
+            "thinking_stream",
+            "tool_stream",
+            "permission_request",
+            "native_resume",
+            "usage",
+            "file_change",
+            "host_tools",
+        }
     )
     start_timeout: float = 30.0
     stop_grace: float = 3.0
@@ -94,6 +110,7 @@ class CodexAdapter(Adapter):
         self._cwd = Path(config.session.cwd)
         self._proc: ProviderProcess | None = None
         self._proc_changed = anyio.Event()
+        self._host: McpHostServer | None = None
         self._peer: JsonRpcPeer | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._thread_id: str | None = None
@@ -113,10 +130,10 @@ class CodexAdapter(Adapter):
     def process_group_ids(self) -> list[int]:
         return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
 
-    def _prepare_home(self) -> tuple[Path, dict[str, str]]:
+    def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
         try:
             settings = settings_from(self.config.execution)
-            text, extra_env = render_config(settings, self.config.execution.mcp_servers)
+            text, extra_env = render_config(settings, self.config.execution.mcp_servers, host_mcp_url)
         except CodexConfigError as exc:
             raise ProviderError("provider.config", str(exc)) from None
         if settings.base_url is not None and settings.env_key not in self.config.env:
@@ -146,8 +163,15 @@ class CodexAdapter(Adapter):
 
     async def start(self) -> None:
         binary = codex_binary(self.config.project_root)
-        home, extra_env = self._prepare_home()
+        host_url: str | None = None
+        if self.config.execution.host_tools:
+            self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
+            await self._host.start()
+            host_url = self._host.url
+        home, extra_env = self._prepare_home(host_url)
         env = {**self.config.env, **extra_env, "CODEX_HOME": str(home)}
+        if self._host is not None:
+            env[HOST_TOKEN_ENV] = self._host.token
         env["PATH"] = os.pathsep.join([str(self._helper_aliases(binary)), env.get("PATH", os.defpath)])
         env.setdefault("HOME", str(home))
         proc = await ProviderProcess.spawn([str(binary), "app-server"], env=env, cwd=self._cwd, name="codex")
@@ -253,9 +277,12 @@ class CodexAdapter(Adapter):
         self._set_proc(None)
         task, self._peer_task = self._peer_task, None
         self._peer = None
+        host, self._host = self._host, None
         with anyio.CancelScope(shield=True):
             if proc is not None:
                 await proc.terminate(grace=self.stop_grace)
+            if host is not None:
+                await host.close()
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -449,6 +476,8 @@ class CodexAdapter(Adapter):
             self._notify_turn_changed()
 
     async def _on_request(self, method: str, params: Any) -> Any:
+        if method == "mcpServer/elicitation/request" and isinstance(params, dict):
+            return await self._mcp_elicitation(params)
         if method not in _ITEM_APPROVALS or not isinstance(params, dict):
             raise JsonRpcError(METHOD_NOT_FOUND, f"agent-driver does not handle {method}")
         item_id = str(params.get("itemId") or "")
@@ -479,6 +508,36 @@ class CodexAdapter(Adapter):
             )
         decision = await self.ports.permissions.request(request)
         return {"decision": _codex_decision(decision)}
+
+    async def _mcp_elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Codex asks before an MCP tool call with a form elicitation marked `mcp_tool_call`; that is a
+        permission request. Any other elicitation (a server wanting user input) is declined: no one
+        here can fill in a form."""
+        meta = params.get("_meta")
+        if not isinstance(meta, dict) or meta.get("codex_approval_kind") != "mcp_tool_call":
+            log.info("codex.elicitation_declined", server=params.get("serverName"))
+            return {"action": "decline"}
+        name = f"{params.get('serverName') or ''}.{meta.get('tool_name') or ''}"
+        # The elicitation names no item: the call it is about is the running MCP call of that tool.
+        turn = self._turn
+        tool_call_id = (turn.running_tool(name) if turn is not None else None) or f"mcp:{name}"
+        request = PermissionRequest(
+            tool_call_id=tool_call_id,
+            title=str(params.get("message") or f"Allow {name}?"),
+            options=(
+                PermissionOption("accept", "allow_once", "Allow once"),
+                PermissionOption("decline", "reject_once", "Decline"),
+            ),
+            tool_name=name,
+            tool_input=meta.get("tool_params"),
+        )
+        return _elicitation_action(await self.ports.permissions.request(request))
+
+
+def _elicitation_action(decision: PermissionDecision) -> dict[str, Any]:
+    if decision.outcome == "allowed":
+        return {"action": "accept", "content": {}}
+    return {"action": "cancel" if decision.outcome == "cancelled" else "decline"}
 
 
 def _codex_decision(decision: PermissionDecision) -> str:

@@ -134,20 +134,21 @@ def _table(name: str, values: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def mcp_tables(servers: Sequence[McpServer]) -> tuple[list[str], dict[str, str]]:
+def mcp_tables(servers: Sequence[McpServer], *, approve: bool = False) -> tuple[list[str], dict[str, str]]:
     """TOML tables for `[mcp_servers.*]`, and environment variables Codex must get for them.
 
     Secrets never go to disk: HTTP header values are named by environment variable
     (`env_http_headers`), and a stdio server's `env` values travel in Codex's own environment and are
-    forwarded by name (`env_vars`)."""
+    forwarded by name (`env_vars`). `approve`: Codex runs the servers' tools without asking."""
     lines: list[str] = []
     extra_env: dict[str, str] = {}
     for server in servers:
         name = f"mcp_servers.{_key(server.name)}"
+        values: dict[str, Any]
         if server.transport == "http":
             if not server.url:
                 raise CodexConfigError(f"mcp server {server.name!r}: url is required for http")
-            lines += _table(name, {"url": server.url, "env_http_headers": dict(server.headers_from_env) or None})
+            values = {"url": server.url, "env_http_headers": dict(server.headers_from_env) or None}
         else:
             if not server.command:
                 raise CodexConfigError(f"mcp server {server.name!r}: command is required for stdio")
@@ -157,11 +158,18 @@ def mcp_tables(servers: Sequence[McpServer]) -> tuple[list[str], dict[str, str]]
                 "args": list(server.command[1:]),
                 "env_vars": sorted(server.env) or None,
             }
-            lines += _table(name, values)
+        if approve:
+            values["default_tools_approval_mode"] = "approve"
+        lines += _table(name, values)
     return lines, extra_env
 
 
-def render_config(settings: CodexSettings, mcp_servers: Sequence[McpServer] = ()) -> tuple[str, dict[str, str]]:
+HOST_TOKEN_ENV = "AGENT_DRIVER_HOST_MCP_TOKEN"
+
+
+def render_config(
+    settings: CodexSettings, mcp_servers: Sequence[McpServer] = (), host_mcp_url: str | None = None
+) -> tuple[str, dict[str, str]]:
     """The config.toml text, and extra environment variables for the Codex process.
 
     Approval policy and sandbox go with `thread/start` instead: Codex 0.171 refuses
@@ -189,6 +197,21 @@ def render_config(settings: CodexSettings, mcp_servers: Sequence[McpServer] = ()
     # unreachable endpoint into a long hang; the shell snapshot spawns a login shell per session.
     lines += _table("features", {"plugins": False, "unbounded_connection_retries": False, "shell_snapshot": False})
     lines += _table("analytics", {"enabled": False})
-    tables, extra_env = mcp_tables(mcp_servers)
+    # Our `host` server (the control plane's tools) takes the name; a configured server of that name yields.
+    servers = [m for m in mcp_servers if host_mcp_url is None or m.name != "host"]
+    # Under full_access Codex must not ask about MCP tools either; otherwise each call is a permission request.
+    tables, extra_env = mcp_tables(servers, approve=settings.approval_policy == "never")
     lines += tables
+    if host_mcp_url is not None:
+        # Host tools are answered by the control plane, possibly by a person: allow them time.
+        host = {
+            "url": host_mcp_url,
+            "bearer_token_env_var": HOST_TOKEN_ENV,
+            "startup_timeout_sec": 10,
+            "tool_timeout_sec": 3600,
+            # The control plane answers these calls itself; Codex asking the user first would make
+            # every call a second round trip (and without a handler, a rejection).
+            "default_tools_approval_mode": "approve",
+        }
+        lines += _table("mcp_servers.host", host)
     return "\n".join(lines), extra_env

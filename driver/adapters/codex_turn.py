@@ -71,6 +71,7 @@ class CodexTurn:
     _completed: set[str] = field(default_factory=set)
     _thought_text: dict[str, str] = field(default_factory=dict)
     _tool_output: dict[str, str] = field(default_factory=dict)
+    _tool_names: dict[str, str] = field(default_factory=dict)
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -160,9 +161,17 @@ class CodexTurn:
             return []
         self.started_tools.add(item_id)
         name, title, tool_input = _describe_tool(item, self.cwd)
+        self._tool_names[item_id] = name
         if item.get("type") == "fileChange":
             self.change_paths[item_id] = [c["path"] for c in tool_input.get("changes", [])]
         return [("tool.started", {"tool_call_id": item_id, "name": name, "title": title, "input": tool_input})]
+
+    def running_tool(self, name: str) -> str | None:
+        """The id of the latest started, not yet completed tool call named `name`."""
+        for item_id in reversed(self._tool_names):
+            if self._tool_names[item_id] == name and item_id not in self._completed:
+                return item_id
+        return None
 
     def _tool_delta(self, item_id: str, text: str) -> list[Emit | FileTouched]:
         if not item_id or not text or item_id in self._completed:

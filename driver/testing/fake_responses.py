@@ -8,7 +8,10 @@ output_item.done, and response.completed with usage.
 The script is read from markers in the latest user text of the request's `input` (see `plan_reply`).
 Tool calls answer with the tool the request itself offers: for `[[shell:CMD]]` Codex's `exec_command`
 (or `shell` / `shell_command` / `local_shell`, whichever the request lists); for `[[write:PATH:TEXT]]`
-Codex's `apply_patch` (a freeform custom tool for current models, a function for others). Whether a
+Codex's `apply_patch` (a freeform custom tool for current models, a function for others). An extra
+marker, `[[mcp:SERVER:TOOL:JSON_ARGS]]`, calls an MCP tool: Codex defers MCP tools behind its
+`tool_search` tool, so the fake searches first, then calls the function the search exposed, then
+replies "mcp done: <tool output>". Whether a
 tool output already follows the prompt decides between "call the tool" and "report it done", so the
 answer depends only on the request, never on server-side counters.
 
@@ -54,6 +57,7 @@ from openai.types.responses import (
     ResponseReasoningSummaryTextDoneEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
+    ResponseToolSearchCall,
     ResponseUsage,
 )
 from openai.types.responses.response_output_item import LocalShellCall, LocalShellCallAction
@@ -69,10 +73,16 @@ SLOW_CHUNKS = 400  # x 50 ms = 20 s: long enough that only a working cancel ends
 SLOW_INTERVAL_S = 0.05
 THINKING_TEXT = "Let me think about this carefully."
 
-_MARKER = re.compile(r"\[\[(say|shell|write):(.*?)\]\]", re.DOTALL)
+_MARKER = re.compile(r"\[\[(say|shell|write|mcp):(.*?)\]\]", re.DOTALL)
 # Item types that carry a tool's result back to the model.
 _TOOL_OUTPUTS = frozenset(
-    {"function_call_output", "custom_tool_call_output", "local_shell_call_output", "shell_call_output"}
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "tool_search_output",
+    }
 )
 
 
@@ -106,34 +116,39 @@ def _item_texts(item: dict[str, Any]) -> list[str]:
     return []
 
 
-def latest_user_turn(body: dict[str, Any]) -> tuple[str, bool]:
+def prompt_and_after(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The text of the latest user message carrying a marker (else the latest user text that is not
-    Codex's own injected context), and whether a tool output arrived after it."""
+    Codex's own injected context), and the items that came after it (tool calls and their outputs)."""
     items = body.get("input")
     if isinstance(items, str):
-        return items, False
+        return items, []
     items = [i for i in items or [] if isinstance(i, dict)]
-    answered = False
-    fallback: str | None = None
-    for item in reversed(items):
-        if item.get("type") in _TOOL_OUTPUTS:
-            answered = True
-            continue
+    fallback: tuple[str, list[dict[str, Any]]] | None = None
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
         if item.get("role") != "user":
             continue
         text = "\n".join(_item_texts(item))
+        after = items[index + 1 :]
         if "[[" in text:
-            return text, answered
+            return text, after
         if fallback is None and not text.lstrip().startswith("<"):
-            fallback = text
+            fallback = (text, after)
             # A plain prompt after the tool output starts a new exchange.
-            if not answered:
-                return fallback, False
-    return fallback or "", answered
+            if not any(i.get("type") in _TOOL_OUTPUTS for i in after):
+                return fallback
+    return fallback or ("", [])
+
+
+def latest_user_turn(body: dict[str, Any]) -> tuple[str, bool]:
+    """The prompt text, and whether a tool output arrived after it."""
+    text, after = prompt_and_after(body)
+    return text, any(i.get("type") in _TOOL_OUTPUTS for i in after)
 
 
 def plan_reply(body: dict[str, Any]) -> Reply:
-    text, answered = latest_user_turn(body)
+    text, after = prompt_and_after(body)
+    answered = any(i.get("type") in _TOOL_OUTPUTS for i in after)
     lead: tuple[Step, ...] = (Step("reasoning", THINKING_TEXT),) if "[[think]]" in text else ()
     if "[[error]]" in text:
         return Reply(error=True)
@@ -146,9 +161,52 @@ def plan_reply(body: dict[str, Any]) -> Reply:
     verb, arg = match.group(1), match.group(2)
     if verb == "say":
         return Reply((*lead, Step("message", arg)))
+    if verb == "mcp":
+        return Reply((*lead, _mcp_step(arg, after)))
     if answered:
         return Reply((*lead, Step("message", f"{verb} done")))
     return Reply((*lead, Step("tool", tool=verb, arg=arg)))
+
+
+def _mcp_step(arg: str, after: list[dict[str, Any]]) -> Step:
+    """`[[mcp:SERVER:TOOL:JSON_ARGS]]`: call an MCP tool. Codex defers MCP tools behind its
+    `tool_search` tool, so the exchange is: search -> call the tool the search exposed -> report."""
+    server, _, rest = arg.partition(":")
+    tool, _, raw_args = rest.partition(":")
+    outputs = [i for i in after if i.get("type") == "function_call_output"]
+    if outputs:
+        return Step("message", f"mcp done: {_output_text(outputs[-1].get('output'))}")
+    searched = [i for i in after if i.get("type") == "tool_search_output"]
+    if searched:
+        found = _find_function(searched[-1].get("tools"), server, tool)
+        if found is None:
+            return Step("message", f"mcp tool {server}/{tool} not found")
+        name, namespace = found
+        call = {"name": name, "namespace": namespace, "arguments": raw_args or "{}"}
+        return Step("tool", tool="function", arg=json.dumps(call))
+    return Step("tool", tool="tool_search", arg=f"{server} {tool}")
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    return json.dumps(output)
+
+
+def _find_function(tools: Any, server: str, tool: str) -> tuple[str, str | None] | None:
+    """(name, namespace) of the function for `tool` of `server` among searched tools."""
+    for entry in tools if isinstance(tools, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("type") == "namespace":
+            inner = _find_function(entry.get("tools"), server, tool)
+            if inner is not None and server in str(entry.get("name", "")):
+                return inner[0], str(entry.get("name"))
+        elif entry.get("type") == "function" and str(entry.get("name", "")).endswith(tool):
+            return str(entry["name"]), None
+    return None
 
 
 def _chunks(text: str, slow: bool) -> list[str]:
@@ -456,6 +514,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _tool_call(self, s: _Stream, index: int, step: Step, offered: dict[str, str]) -> None:
         call_id = "call_fake_" + uuid.uuid4().hex[:20]
         item_id = "fc_fake_" + uuid.uuid4().hex[:20]
+        if step.tool == "tool_search":
+            search = ResponseToolSearchCall(
+                id=item_id,
+                call_id=call_id,
+                arguments={"query": step.arg, "limit": 8},
+                execution="client",
+                status="completed",
+                type="tool_search_call",
+            )
+            self._added_and_done(s, index, search, search)
+            return
+        if step.tool == "function":
+            call = json.loads(step.arg)
+            self._function_call(
+                s, index, item_id, call_id, call["name"], json.loads(call["arguments"]), call["namespace"]
+            )
+            return
         if step.tool == "write":
             relpath, _, content = step.arg.partition(":")
             patch = add_file_patch(relpath, content)
@@ -497,11 +572,19 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _function_call(
-        self, s: _Stream, index: int, item_id: str, call_id: str, name: str, arguments: dict[str, Any]
+        self,
+        s: _Stream,
+        index: int,
+        item_id: str,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        namespace: str | None = None,
     ) -> None:
         args = json.dumps(arguments)
+        extra: dict[str, Any] = {"namespace": namespace} if namespace else {}
         started = ResponseFunctionToolCall(
-            id=item_id, call_id=call_id, name=name, arguments="", type="function_call", status="in_progress"
+            id=item_id, call_id=call_id, name=name, arguments="", type="function_call", status="in_progress", **extra
         )
         self._send(
             ResponseOutputItemAddedEvent(
@@ -528,7 +611,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         )
         done = ResponseFunctionToolCall(
-            id=item_id, call_id=call_id, name=name, arguments=args, type="function_call", status="completed"
+            id=item_id, call_id=call_id, name=name, arguments=args, type="function_call", status="completed", **extra
         )
         s.output.append(done)
         self._send(

@@ -18,10 +18,18 @@ import pytest
 from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary
 from driver.adapters.environment import provider_env
-from driver.protocol.boot import ExecutionConfig, NativeResume, RecoveryMessage, SessionConfig
+from driver.ports.mcp_host import McpHostServer
+from driver.protocol.boot import ExecutionConfig, HostTool, McpServer, NativeResume, RecoveryMessage, SessionConfig
 from driver.protocol.commands import RunInput
 from driver.testing.fake_responses import DEFAULT_TEXT, FakeResponses
-from driver.testing.ports import RecordingEvents, ScriptedPermissions, allow_first, recording_ports, reject_first
+from driver.testing.ports import (
+    EchoHostTools,
+    RecordingEvents,
+    ScriptedPermissions,
+    allow_first,
+    recording_ports,
+    reject_first,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-fake-codex-test-key-0123456789"
@@ -55,6 +63,9 @@ def make(
     perms: ScriptedPermissions | None = None,
     state: str = "state",
     system_prompt: str = "",
+    environment: dict[str, str] | None = None,
+    host_tools: list[HostTool] | None = None,
+    mcp_servers: list[McpServer] | None = None,
 ) -> Harness:
     cwd = tmp_path / "work"
     cwd.mkdir(exist_ok=True)
@@ -65,7 +76,9 @@ def make(
         model="gpt-5.5",
         system_prompt=system_prompt,
         permission_policy=policy,  # type: ignore[arg-type]
-        environment={"OPENAI_API_KEY": API_KEY},
+        environment={"OPENAI_API_KEY": API_KEY, **(environment or {})},
+        host_tools=host_tools or [],
+        mcp_servers=mcp_servers or [],
         provider_options={"base_url": base_url, "env_key": "OPENAI_API_KEY"},
         native_resume=NativeResume(runtime="openai-app-server", value=resume) if resume else None,
         recovery_messages=recovery or [],
@@ -178,6 +191,46 @@ async def test_file_change_approved_reports_file_changed(tmp_path: Path, fake: F
         assert tool["status"] == "completed" and h.events.of("tool.started")[0]["name"] == "apply_patch"
     finally:
         await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_host_tools_and_a_configured_mcp_server(tmp_path: Path, fake: FakeResponses) -> None:
+    # A second instance of our MCP server stands in for a user's HTTP MCP server, reached with a header
+    # whose value Codex takes from the environment.
+    docs_tools = EchoHostTools()
+    docs = McpHostServer([HostTool(name="search_docs", description="Search the docs")], docs_tools)
+    await docs.start()
+    h = make(
+        tmp_path,
+        fake.base_url,
+        environment={"DOCS_AUTH": f"Bearer {docs.token}"},
+        host_tools=[HostTool(name="lookup_order", description="Look up an order")],
+        mcp_servers=[
+            McpServer(name="docs", transport="http", url=docs.url, headers_from_env={"Authorization": "DOCS_AUTH"})
+        ],
+    )
+    await h.adapter.start()
+    try:
+        outcome = await h.run('[[mcp:host:lookup_order:{"id": "42"}]]', "run-host")
+        assert outcome.status == "completed" and "lookup_order ok" in outcome.final_message_text
+        host_calls = h.adapter.ports.host_tools.calls  # type: ignore[attr-defined]
+        assert host_calls == [("lookup_order", {"id": "42"})]
+        assert h.perms.requests == []  # the control plane answers host tools itself
+        started = h.events.of("tool.started")[0]
+        assert started["name"] == "host.lookup_order"
+        assert h.events.of("tool.completed")[0]["status"] == "completed"
+
+        outcome = await h.run('[[mcp:docs:search_docs:{"q": "retry"}]]', "run-docs")
+        assert outcome.status == "completed" and "search_docs ok" in outcome.final_message_text
+        assert docs_tools.calls == [("search_docs", {"q": "retry"})]
+        request = h.perms.requests[0]  # supervised: a configured server's tool needs a decision
+        assert request.tool_name == "docs.search_docs" and request.tool_input == {"q": "retry"}
+        assert request.tool_call_id == h.events.of("tool.started")[1]["tool_call_id"]
+        config = (tmp_path / "state" / "codex-home" / "config.toml").read_text()
+        assert docs.token not in config and h.adapter._host is not None and h.adapter._host.token not in config
+    finally:
+        await h.adapter.stop()
+        await docs.close()
 
 
 @pytest.mark.provider

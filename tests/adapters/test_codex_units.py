@@ -126,3 +126,20 @@ def test_final_message_from_item_completed_and_late_deltas_ignored() -> None:
     _emitted(turn, "item/completed", {"item": {"type": "agentMessage", "id": "m2", "text": "Final"}})
     _emitted(turn, "turn/completed", {"turn": {"id": "tu", "status": "completed", "items": []}})
     assert (turn.final_message_id, turn.final_message_text) == ("m2", "Final")
+
+
+def test_host_server_table_and_full_access_approves_mcp_tools() -> None:
+    docs = McpServer(name="docs", transport="http", url="http://mcp/")
+    execution = _execution(
+        permission_policy="full_access",
+        mcp_servers=[docs, McpServer(name="host", transport="http", url="http://evil/")],
+    )
+    config = tomllib.loads(render_config(settings_from(execution), execution.mcp_servers, "http://127.0.0.1:5/mcp")[0])
+    host = config["mcp_servers"]["host"]
+    assert host["url"] == "http://127.0.0.1:5/mcp"  # ours, not the configured server of the same name
+    assert host["bearer_token_env_var"] == "AGENT_DRIVER_HOST_MCP_TOKEN"
+    assert host["default_tools_approval_mode"] == "approve"
+    assert config["mcp_servers"]["docs"]["default_tools_approval_mode"] == "approve"
+    supervised = _execution(mcp_servers=[docs])
+    config = tomllib.loads(render_config(settings_from(supervised), supervised.mcp_servers)[0])
+    assert "default_tools_approval_mode" not in config["mcp_servers"]["docs"]

@@ -41,6 +41,23 @@ def test_plan_keys_off_conversation_state() -> None:
     assert plan_reply({"input": [_user("[[error]]")]}).error
 
 
+def test_mcp_marker_searches_then_calls_then_reports() -> None:
+    prompt = _user('[[mcp:host:lookup:{"id": 1}]]')
+    first = plan_reply({"input": [prompt]}).steps[0]
+    assert (first.tool, first.arg) == ("tool_search", "host lookup")
+    namespace = {
+        "type": "namespace",
+        "name": "mcp__host",
+        "tools": [{"type": "function", "name": "lookup", "parameters": {}}],
+    }
+    searched = {"type": "tool_search_output", "call_id": "s", "tools": [namespace]}
+    second = plan_reply({"input": [prompt, searched]}).steps[0]
+    assert second.tool == "function"
+    assert json.loads(second.arg) == {"name": "lookup", "namespace": "mcp__host", "arguments": '{"id": 1}'}
+    output = {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "found"}]}
+    assert plan_reply({"input": [prompt, searched, output]}).steps[0].text == "mcp done: found"
+
+
 def test_add_file_patch() -> None:
     assert add_file_patch("a/b.txt", "x\ny") == "*** Begin Patch\n*** Add File: a/b.txt\n+x\n+y\n*** End Patch\n"
 
