@@ -167,6 +167,7 @@ class ToolCallContent(_M):
 class ToolCall(_M):
     tool_call_id: str
     title: str = ""
+    name: str | None = None  # the agent's own tool name (claude-agent-acp: "Write", "Bash")
     kind: str | None = None
     status: str | None = None
     content: list[ToolCallContent] | None = None

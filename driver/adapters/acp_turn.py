@@ -12,7 +12,9 @@ lets the mapping be tested without an agent, and keeps the rules in one place:
 - A tool call's `content` is replaced, not appended, by each update, so it is never identity; the
   id is `toolCallId`. Output deltas are the new suffix of its text content when the new text
   extends the old, else the whole new text.
-- Every started tool call ends with exactly one `tool.completed`; one still open when the turn ends
+- `tool.started` waits until the tool call leaves `pending` (its input may still be streaming) or a
+  permission request names it; it carries the latest title and input. Every tool call ends with
+  exactly one `tool.completed` (preceded by its `tool.started`); one still open when the turn ends
   is closed `cancelled` (cancelled turn) or `failed` (otherwise), so no tool dangles.
 - Unknown `sessionUpdate` variants are counted, never fatal.
 """
@@ -57,7 +59,12 @@ class _Stream:
 @dataclass
 class _Tool:
     id: str
+    name: str = "other"
+    title: str = ""
+    input: Any = None
+    status: str | None = None
     text: str = ""
+    announced: bool = False
     done: bool = False
 
 
@@ -90,10 +97,8 @@ class AcpTurn:
                 return self._chunk("message", m.decode(update, m.ContentChunk))
             if variant == "agent_thought_chunk":
                 return self._chunk("thought", m.decode(update, m.ContentChunk))
-            if variant == "tool_call":
-                return self._tool_call(m.decode(update, m.ToolCall))
-            if variant == "tool_call_update":
-                return self._tool_call_update(m.decode(update, m.ToolCall))
+            if variant in ("tool_call", "tool_call_update"):
+                return self._tool_update(m.decode(update, m.ToolCall))
             if variant == "plan":
                 plan = m.decode(update, m.Plan)
                 out = self._close()
@@ -110,11 +115,10 @@ class AcpTurn:
         return []
 
     def announce_tool(self, call: m.ToolCall) -> list[Emit]:
-        """A permission request names a tool call; make sure it was started (some agents ask first)."""
-        if call.tool_call_id in self._tools:
-            return []
+        """A permission request names a tool call (with its full input): announce it now, even if the
+        agent never did (some ask first)."""
         out = self._close()
-        out.extend(self._start_tool(call))
+        out.extend(self._announce(self._merge(call)))
         return out
 
     def decline_tool(self, tool_call_id: str) -> list[Emit]:
@@ -143,7 +147,7 @@ class AcpTurn:
 
     @property
     def started_tool_ids(self) -> list[str]:
-        return list(self._tools)
+        return [t.id for t in self._tools.values() if t.announced]
 
     # ---- text -------------------------------------------------------------------------------
 
@@ -184,58 +188,58 @@ class AcpTurn:
 
     # ---- tools ------------------------------------------------------------------------------
 
-    def _start_tool(self, call: m.ToolCall) -> list[Emit]:
-        self._tools[call.tool_call_id] = _Tool(call.tool_call_id)
-        payload = {
-            "tool_call_id": call.tool_call_id,
-            "name": call.kind or "other",
-            "title": call.title,
-            "input": call.raw_input,
-        }
+    def _merge(self, call: m.ToolCall) -> _Tool:
+        """Fold what this update says about the tool into what we know (updates are partial)."""
+        tool = self._tools.get(call.tool_call_id)
+        if tool is None:
+            tool = self._tools[call.tool_call_id] = _Tool(call.tool_call_id)
+        if call.title:
+            tool.title = call.title
+        if call.name or call.kind:
+            tool.name = call.name or tool.name or call.kind or "other"
+        if call.raw_input is not None and call.raw_input != {}:
+            tool.input = call.raw_input
+        if call.status is not None:
+            tool.status = call.status
+        return tool
+
+    def _announce(self, tool: _Tool) -> list[Emit]:
+        if tool.announced:
+            return []
+        tool.announced = True
+        payload = {"tool_call_id": tool.id, "name": tool.name, "title": tool.title, "input": tool.input}
         return [("tool.started", payload)]
 
-    def _tool_call(self, call: m.ToolCall) -> list[Emit]:
+    def _tool_update(self, call: m.ToolCall) -> list[Emit]:
         out = self._close()
-        if call.tool_call_id not in self._tools:
-            out.extend(self._start_tool(call))
-        out.extend(self._progress(call))
-        return out
-
-    def _tool_call_update(self, call: m.ToolCall) -> list[Emit]:
-        out = self._close()
-        if call.tool_call_id not in self._tools:
-            out.extend(self._start_tool(call))
-        out.extend(self._progress(call))
-        return out
-
-    def _progress(self, call: m.ToolCall) -> list[Emit]:
-        tool = self._tools[call.tool_call_id]
+        tool = self._merge(call)
         if tool.done:
-            return []
-        out: list[Emit] = []
+            return out
+        # A `pending` tool call may still be streaming its input (claude-agent-acp sends an empty
+        # rawInput first, then fills it in): announce it once it runs, is decided, or asks.
+        if tool.status != "pending":
+            out.extend(self._announce(tool))
         text = _content_text(call.content)
         if text is not None and text != tool.text:
             delta = text[len(tool.text) :] if text.startswith(tool.text) else text
             tool.text = text
-            if delta and call.status not in TOOL_TERMINAL:
+            # Only a running tool's text is output; a pending one's is a description of it.
+            if delta and tool.status == "in_progress":
                 out.append(("tool.output.delta", {"tool_call_id": tool.id, "text": delta}))
-        if call.status in TOOL_TERMINAL:
+        if tool.status in TOOL_TERMINAL:
             output = call.raw_output if call.raw_output is not None else (tool.text or None)
-            out.extend(self._complete_tool(tool.id, TOOL_TERMINAL[call.status], output))
+            out.extend(self._complete_tool(tool.id, TOOL_TERMINAL[tool.status], output))
         return out
 
     def _complete_tool(self, tool_call_id: str, status: str, output: Any) -> list[Emit]:
         tool = self._tools.get(tool_call_id)
         if tool is None or tool.done:
             return []
+        out = self._announce(tool)
         tool.done = True
-        exit_code = _exit_code(output)
-        return [
-            (
-                "tool.completed",
-                {"tool_call_id": tool_call_id, "status": status, "output": output, "exit_code": exit_code},
-            )
-        ]
+        payload = {"tool_call_id": tool_call_id, "status": status, "output": output, "exit_code": _exit_code(output)}
+        out.append(("tool.completed", payload))
+        return out
 
     # ---- usage ------------------------------------------------------------------------------
 

@@ -194,6 +194,21 @@ def test_turn_maps_chunks_tools_and_unknown_updates() -> None:
     assert (turn.final_message_id, turn.final_message_text) == ("run-9-msg-1", "Hello")
 
 
+def test_turn_announces_a_pending_tool_once_its_input_is_known() -> None:
+    # claude-agent-acp: an empty pending tool_call, then its input streams in, then it runs.
+    turn = AcpTurn("r")
+    assert turn.feed({"sessionUpdate": "tool_call", "toolCallId": "b1", "status": "pending", "rawInput": {}}) == []
+    describe = {"type": "content", "content": {"type": "text", "text": "Run echo hi"}}
+    update = {"sessionUpdate": "tool_call_update", "toolCallId": "b1", "name": "Bash", "title": "echo hi"}
+    assert turn.feed({**update, "rawInput": {"command": "echo hi"}, "content": [describe]}) == []
+    out = turn.feed({"sessionUpdate": "tool_call_update", "toolCallId": "b1", "status": "completed", "rawOutput": "hi"})
+    assert out == [
+        ("tool.started", {"tool_call_id": "b1", "name": "Bash", "title": "echo hi", "input": {"command": "echo hi"}}),
+        ("tool.completed", {"tool_call_id": "b1", "status": "completed", "output": "hi", "exit_code": None}),
+    ]
+    assert turn.started_tool_ids == ["b1"]
+
+
 def test_turn_declined_tool_is_completed_once() -> None:
     turn = AcpTurn("r")
     call = m.ToolCall(tool_call_id="t9", title="rm -rf", kind="execute")
@@ -631,7 +646,9 @@ async def test_real_permission_allowed_then_rejected(agent: AgentFactory, tmp_pa
         assert len(h.permissions.requests) == asked + 1
         req = h.permissions.requests[-1]
         assert {o.kind for o in req.options} >= {"allow_once", "reject_once"}
-        assert [p["tool_call_id"] for p in h.events.of("tool.started")].count(req.tool_call_id) == 1
+        started = [p for p in h.events.of("tool.started") if p["tool_call_id"] == req.tool_call_id]
+        # Announced once, with its input (not the empty placeholder of a still-streaming call).
+        assert len(started) == 1 and started[0]["input"] and started[0]["title"]
         statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
         target = h.cwd / name
         if decide is allow_first:
