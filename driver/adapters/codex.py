@@ -217,22 +217,35 @@ class CodexAdapter(Adapter):
         return params
 
     async def _open_thread(self) -> None:
-        resume = self.config.execution.native_resume
-        if resume is not None:
+        """Resume the thread this adapter had before a restart, else the boot payload's, else start one.
+
+        A boot-payload thread that cannot be resumed is replaced and the recovery messages are replayed
+        on the next turn; our own earlier thread needs no replay of them (they are older than it)."""
+        boot = self.config.execution.native_resume
+        previous, recovery = self._thread_id, False
+        if previous is None and boot is not None:
+            previous, recovery = boot.value, True
+            if boot.runtime != RUNTIME:
+                # Another runtime's session id: Codex cannot resume it.
+                previous = None
+                await self._replace_thread(boot.value, f"a {boot.runtime} session cannot be resumed by codex")
+        if previous is not None:
             try:
-                if resume.runtime != RUNTIME:
-                    # Another runtime's session id: Codex cannot resume it.
-                    raise JsonRpcError(0, f"a {resume.runtime} session cannot be resumed by codex")
-                result = await self._call("thread/resume", {**self._thread_params(), "threadId": resume.value})
+                result = await self._call("thread/resume", {**self._thread_params(), "threadId": previous})
                 self._thread_id = self._thread_of(result)
             except JsonRpcError as exc:
-                log.info("codex.resume_failed", thread_id=resume.value, error=exc.message)
-                self._thread_id = await self._new_thread()
-                self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
-                await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": self._thread_id})
-        else:
+                await self._replace_thread(previous, exc.message)
+                if not recovery:
+                    self._recovery_pending = []
+        elif self._thread_id is None:
             self._thread_id = await self._new_thread()
         await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
+
+    async def _replace_thread(self, previous: str, why: str) -> None:
+        log.info("codex.resume_failed", thread_id=previous, error=why)
+        self._thread_id = await self._new_thread()
+        self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
+        await self.ports.emit("runtime.session.reset", {"previous": previous, "current": self._thread_id})
 
     async def _new_thread(self) -> str:
         return self._thread_of(await self._call("thread/start", self._thread_params()))

@@ -389,8 +389,11 @@ async def test_codex_killed_mid_turn_is_provider_crashed_then_restarts(tmp_path:
                 await h.adapter.wait_exited()
         assert isinstance(failure[0], ProviderError) and failure[0].code == "provider.crashed"
         assert "stderr_tail" in failure[0].details
+        thread_id = h.adapter.native_id
         await h.adapter.stop()
         await h.adapter.start()
+        # The restarted Codex resumes the same thread (its history is on disk under CODEX_HOME).
+        assert h.adapter.native_id == thread_id and h.events.of("runtime.session.reset") == []
         assert (await h.run("[[say:back]]", "run-after")).final_message_text == "back"
     finally:
         await h.adapter.stop()
