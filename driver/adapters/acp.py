@@ -31,10 +31,11 @@ import structlog
 from driver.adapters import acp_fs
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalError, TerminalManager
-from driver.adapters.acp_turn import AcpTurn, Emit
+from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
+    PathNotAllowed,
     PermissionDecision,
     PermissionOption,
     PermissionRequest,
@@ -81,6 +82,7 @@ class AcpAdapter(Adapter):
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
+        self._reported_files: set[tuple[str, str | None]] = set()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._recovery_pending: list[tuple[str, str]] = []
         self._cwd = Path(config.session.cwd).resolve()
@@ -350,6 +352,7 @@ class AcpAdapter(Adapter):
         self._turn = turn
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
+        self._reported_files = set()
         prompt = self._prompt_blocks(run_input)
         try:
             try:
@@ -488,14 +491,7 @@ class AcpAdapter(Adapter):
             return {"content": content}
         if method == "fs/write_text_file":
             written = await acp_fs.write_text_file(self.ports.files, self._decode_params(params, m.WriteTextFileParams))
-            await self.ports.emit(
-                "file.changed",
-                {
-                    "path": acp_fs.relative_to_cwd(written.path, self._cwd),
-                    "change": "created" if written.created else "modified",
-                    "sha256": written.sha256,
-                },
-            )
+            await self._file_changed(written.path, "created" if written.created else "modified", written.sha256)
             return {}
         if method.startswith("terminal/"):
             return await self._terminal(method, params)
@@ -571,7 +567,30 @@ class AcpAdapter(Adapter):
 
     async def _emit_all(self, events: list[Emit]) -> None:
         for kind, payload in events:
-            await self.ports.emit(kind, payload)
+            if kind == FILE_TOUCHED:
+                await self._file_touched(payload["path"], payload["created"])
+            else:
+                await self.ports.emit(kind, payload)
+
+    async def _file_touched(self, path: str, created: bool) -> None:
+        """A tool edited a file natively: report it like an fs/write_text_file, if it is ours to see."""
+        try:
+            admitted = self.ports.files.admit(path)
+        except PathNotAllowed:
+            log.info("acp.file_outside_roots", path=path)
+            return
+        digest = await anyio.to_thread.run_sync(acp_fs.sha256_of, admitted)
+        change = "deleted" if digest is None else ("created" if created else "modified")
+        await self._file_changed(admitted, change, digest)
+
+    async def _file_changed(self, path: Path, change: str, digest: str | None) -> None:
+        # One report per file state and turn: an agent may write through fs/* *and* show a diff.
+        key = (str(path), digest)
+        if key in self._reported_files:
+            return
+        self._reported_files.add(key)
+        payload = {"path": acp_fs.relative_to_cwd(path, self._cwd), "change": change, "sha256": digest}
+        await self.ports.emit("file.changed", payload)
 
     @staticmethod
     def _decode_params(params: Any, type_: type[T]) -> T:

@@ -92,6 +92,21 @@ async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> Wri
     return await anyio.to_thread.run_sync(_write, path, params.content)
 
 
+def sha256_of(path: Path) -> str | None:
+    """The file's sha256, or None when it does not exist (deleted) or is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def relative_to_cwd(path: Path, cwd: Path) -> str:
     """`file.changed` paths are relative to cwd; a file in memory_dir or an extra root stays absolute."""
     try:

@@ -16,6 +16,8 @@ lets the mapping be tested without an agent, and keeps the rules in one place:
   permission request names it; it carries the latest title and input. Every tool call ends with
   exactly one `tool.completed` (preceded by its `tool.started`); one still open when the turn ends
   is closed `cancelled` (cancelled turn) or `failed` (otherwise), so no tool dangles.
+- A completed tool whose content carried `diff`s yields one FILE_TOUCHED marker per file, for the
+  adapter to report as `file.changed` (agents edit files natively, not only through `fs/*`).
 - Unknown `sessionUpdate` variants are counted, never fatal.
 """
 
@@ -47,6 +49,10 @@ IGNORED_UPDATES: frozenset[str] = frozenset(
 
 TOOL_TERMINAL = {"completed": "completed", "failed": "failed"}
 
+# Not an event kind: "this file was changed by a tool that completed" ({path, created}). The adapter
+# turns it into `file.changed` after admitting the path and hashing the file (I/O stays out of here).
+FILE_TOUCHED = "acp.file_touched"
+
 
 @dataclass
 class _Stream:
@@ -66,6 +72,8 @@ class _Tool:
     text: str = ""
     announced: bool = False
     done: bool = False
+    # Files the tool's `diff` content says it changes: path → created (no old text).
+    diffs: dict[str, bool] = field(default_factory=dict)
 
 
 class AcpTurn:
@@ -219,6 +227,9 @@ class AcpTurn:
         # rawInput first, then fills it in): announce it once it runs, is decided, or asks.
         if tool.status != "pending":
             out.extend(self._announce(tool))
+        for item in call.content or []:
+            if item.type == "diff" and item.path:
+                tool.diffs.setdefault(item.path, item.old_text is None)
         text = _content_text(call.content)
         if text is not None and text != tool.text:
             delta = text[len(tool.text) :] if text.startswith(tool.text) else text
@@ -239,6 +250,8 @@ class AcpTurn:
         tool.done = True
         payload = {"tool_call_id": tool_call_id, "status": status, "output": output, "exit_code": _exit_code(output)}
         out.append(("tool.completed", payload))
+        if status == "completed":
+            out.extend((FILE_TOUCHED, {"path": path, "created": created}) for path, created in tool.diffs.items())
         return out
 
     # ---- usage ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ What each real agent supports, as measured here (versions pinned in package.json
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -651,12 +652,17 @@ async def test_real_permission_allowed_then_rejected(agent: AgentFactory, tmp_pa
         assert len(started) == 1 and started[0]["input"] and started[0]["title"]
         statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
         target = h.cwd / name
+        changes = [c for c in h.events.of("file.changed") if c["path"] == name]
         if decide is allow_first:
             assert target.read_text().strip() == "hello"
             assert statuses == ["completed"]
+            # The agent wrote natively; the tool's diff still yields a file.changed.
+            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            assert changes == [{"path": name, "change": "created", "sha256": digest}]
         else:
             assert not target.exists()
             assert statuses == ["declined"]
+            assert changes == []
 
 
 @pytest.mark.provider
