@@ -368,20 +368,25 @@ class Status:
     best_effort_dropped: int | None = None
     last_run: str | None = None
     last_terminal: str | None = None
+    heartbeat_at: float | None = None  # time.monotonic() when the last heartbeat arrived
 
-    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+    def heartbeat(self, beat: Mapping[str, Any], now: float) -> None:
         outbox = beat.get("outbox") or {}
         self.lossless_pending = outbox.get("lossless_pending")
         self.best_effort_dropped = outbox.get("best_effort_dropped")
+        self.heartbeat_at = now
 
-    def line(self) -> str:
+    def line(self, now: float) -> str:
         link = "connected" if self.connected else "not connected"
-        if self.lossless_pending is None:
+        if self.lossless_pending is None or self.heartbeat_at is None:
             outbox = "no heartbeat yet"
         else:
-            outbox = f"{self.lossless_pending} lossless pending, {self.best_effort_dropped} best-effort dropped"
+            outbox = (
+                f"{self.lossless_pending} lossless pending, {self.best_effort_dropped} best-effort dropped "
+                f"(heartbeat {now - self.heartbeat_at:.1f} s ago)"
+            )
         run = "none yet" if self.last_run is None else f"{self.last_run} {self.last_terminal or 'running'}"
-        return f"[status] link {link} | outbox {outbox} (last heartbeat) | last run {run}"
+        return f"[status] link {link} | outbox {outbox} | last run {run}"
 
 
 class Transcript:
@@ -511,6 +516,8 @@ class Transcript:
                 return None
             return f"[tool] {name} {status}" + ("" if code is None else f" (exit {code})")
         if kind == "permission.resolved":
+            if p.get("decided_by") == "control_plane":
+                return None  # the chat said so when the user answered, in the order the user saw
             return f"[permission] {p.get('outcome')} (decided by {p.get('decided_by')})"
         if kind == "file.changed":
             return f"[file] {p.get('change')} {p.get('path')}"
@@ -603,7 +610,7 @@ class DevChat:
             if kind == "event":
                 self._on_event(item)
             elif kind == "heartbeat":
-                self.status.heartbeat(item)
+                self.status.heartbeat(item, time.monotonic())
             elif kind == "link":
                 self._on_link(item)
             elif kind == "command.update":
@@ -760,7 +767,7 @@ class DevChat:
         self.permissions.clear()
         if self.phase == "running":
             self.phase = "idle"
-        self.say(self.status.line())
+        self.say(self.status.line(time.monotonic()))
         if self.once is not None:
             await self.stop("--once run ended")
             return
@@ -789,7 +796,7 @@ class DevChat:
             return
         command = text.strip()
         if command == "/status":
-            self.say(self.status.line())
+            self.say(self.status.line(time.monotonic()))
         elif command == "/help":
             self.say(HELP)
         elif command in ("/quit", "/exit"):
@@ -819,13 +826,10 @@ class DevChat:
     # -- permissions ----------------------------------------------------------------------------
     async def _ask_permission(self) -> None:
         request = self.permissions[0]
-        title = _short(request.get("title") or "a tool call", 160)
+        self.say(f"[permission] the agent asks: {_short(request.get('title') or 'a tool call', 160)}")
         if not self.stdin_open:
-            why = "--once does not ask" if self.once is not None else "stdin is closed"
-            self.say(f"[permission] {title}: rejecting ({why})")
-            await self._answer_permission(False, why)
+            await self._answer_permission(False, "--once does not ask" if self.once is not None else "stdin is closed")
             return
-        self.say(f"[permission] the agent asks: {title}")
         self._ask_again()
 
     def _ask_again(self) -> None:
@@ -841,6 +845,7 @@ class DevChat:
         if option_id is None:
             self.say(f"[permission] no {'allow' if allow else 'reject'} option was offered; leaving it to time out")
         else:
+            self.say(f"[permission] {'allowed' if allow else 'rejected'}{f' ({why})' if why else ''}")
             await self.send("permission.resolve", request_id=request.get("request_id"), option_id=option_id)
         if self.permissions:
             await self._ask_permission()

@@ -131,12 +131,13 @@ def test_permission_options_are_chosen_by_kind_not_position() -> None:
 
 def test_status_line_shows_link_outbox_and_last_terminal() -> None:
     s = Status()
-    assert "link not connected" in s.line() and "no heartbeat yet" in s.line() and "none yet" in s.line()
+    first = s.line(now=5.0)
+    assert "link not connected" in first and "no heartbeat yet" in first and "none yet" in first
     s.connected = True
-    s.heartbeat({"outbox": {"lossless_pending": 3, "best_effort_dropped": 7}})
+    s.heartbeat({"outbox": {"lossless_pending": 3, "best_effort_dropped": 7}}, now=10.0)
     s.last_run, s.last_terminal = "run-9", "cancelled"
-    line = s.line()
-    assert "link connected" in line and "3 lossless pending, 7 best-effort dropped" in line
+    line = s.line(now=12.5)
+    assert "link connected" in line and "3 lossless pending, 7 best-effort dropped (heartbeat 2.5 s ago)" in line
     assert "run-9 cancelled" in line
 
 
@@ -277,7 +278,7 @@ async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
         await type_line("[[shell:touch made-by-dev.txt]]")
         await screen.wait_for("[permission] the agent asks:")
         await type_line("y")
-        assert "allowed" in await screen.line_with("[permission] allowed")
+        assert await screen.line_with("[permission] allowed") == "[permission] allowed"
         assert await screen.line_with(AGENT_PREFIX) == AGENT_PREFIX + "shell done"
         assert (await screen.line_with("[status]")).endswith("completed")
         assert (workdir / "workspace" / "made-by-dev.txt").exists()
