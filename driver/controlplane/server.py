@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hmac
 import http
 import json
 import ssl
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -31,8 +29,9 @@ from websockets.http11 import Request, Response
 
 from driver.controlplane.faults import FAULT_REJECT_CODE, Faults
 from driver.controlplane.live import Broker, Item, Subscription
-from driver.controlplane.store import Store, StoredRejection, now_iso
+from driver.controlplane.store import BatchResult, Store, StoredRejection, now_iso
 from driver.controlplane.validation import InvalidEvent, ValidEvent, check_event
+from driver.controlplane.writer import GroupWriter
 from driver.protocol.frames import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -78,6 +77,8 @@ class _Link:
         self.ready = False  # welcome sent: commands may flow
         self.sent_commands: set[str] = set()
         self.held_receipt: bytes | None = None
+        # Batches whose store write is under way, in arrival order: receipts go out in this order.
+        self.receipts: asyncio.Queue[tuple[int, asyncio.Future[BatchResult]]] = asyncio.Queue()
         self.last_heard = asyncio.get_running_loop().time()
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -130,8 +131,7 @@ class ControlPlane:
         self._live = Broker()
         self._server: Server | None = None
         self._http: asyncio.Server | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._writer: Store | None = None
+        self._writer: GroupWriter | None = None
         self._reader: Store | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -151,9 +151,8 @@ class ControlPlane:
         """Open the store and listen. After a `stop()`, listens again on the same ports."""
         from driver.controlplane.http_api import start_http_api
 
-        loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cp-store")
-        self._writer = await loop.run_in_executor(self._executor, Store, self.db_path)
+        self._writer = GroupWriter(self.db_path)
+        await self._writer.start()
         if self._reader is None:
             self._reader = Store(self.db_path, create=False)
         self._server = await serve(
@@ -190,11 +189,9 @@ class ControlPlane:
             await self._http.wait_closed()
             self._http = None
         self._live.changed()
-        if self._writer is not None and self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
-            self._executor.shutdown(wait=True)
+        if self._writer is not None:
+            await self._writer.close()
             self._writer = None
-            self._executor = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -377,13 +374,16 @@ class ControlPlane:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _writer_or_fail(self) -> GroupWriter:
+        if self._writer is None:
+            raise RuntimeError("control plane is not running")
+        return self._writer
+
     async def _write(self, fn: Callable[..., R], *args: Any) -> R:
         """Run a Store write in the store thread; returns after the COMMIT (and its fsync)."""
-        if self._executor is None or self._writer is None:
+        if self._writer is None:
             raise RuntimeError("control plane is not running")
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, functools.partial(fn, self._writer, *args)
-        )
+        return await self._writer.submit(fn, *args)
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -433,6 +433,7 @@ class ControlPlane:
             if link is None:
                 return
             keepalive = asyncio.ensure_future(self._keepalive(link))
+            link.spawn(self._answer_batches(link))
             try:
                 async for message in ws:
                     if not await self._on_frame(link, message):
@@ -542,10 +543,18 @@ class ControlPlane:
             await self._close(link.ws, CLOSE_PROTOCOL, "hello after welcome")
             return False
         if isinstance(frame, EventsFrame):
-            receipt = await self._store_batch(link, frame)
-            if receipt is None:
+            stored = await self._submit_batch(link, frame)
+            if stored is None:
                 return False
-            if fault_close is not None and fault_close[0] == "before_receipt":
+            if fault_close is None:
+                # Keep reading while the write is on its way to disk: pipelined batches share a commit.
+                link.receipts.put_nowait((frame.batch, stored))
+                return True
+            # A fault close acts at this very batch: answer every earlier one first, then this one
+            # (or not), so "stored but not answered" is exact.
+            await link.receipts.join()
+            receipt = await self._receipt_for(link, frame.batch, stored)
+            if fault_close[0] == "before_receipt":
                 await self._close(link.ws, fault_close[1], "fault injected")
                 return False
             await self._send_receipt(link, receipt)
@@ -561,7 +570,8 @@ class ControlPlane:
             return False
         return True
 
-    async def _store_batch(self, link: _Link, frame: EventsFrame) -> bytes | None:
+    async def _submit_batch(self, link: _Link, frame: EventsFrame) -> asyncio.Future[BatchResult] | None:
+        """Validate a batch and queue its write; None when the batch is a protocol violation."""
         if len(frame.events) > self.max_batch_events:
             # Tolerated (the limit is advice to the driver), but worth a line when debugging a driver.
             log.warning("batch.over_limit", instance_id=link.instance_id, events=len(frame.events))
@@ -597,11 +607,15 @@ class ControlPlane:
                 )
             else:
                 valid.append(checked)
-        result = await self._write(Store.insert_events, link.instance_id, valid, rejections)
+        return self._writer_or_fail().submit(Store.insert_events, link.instance_id, valid, rejections)
+
+    async def _receipt_for(self, link: _Link, batch: int, stored: asyncio.Future[BatchResult]) -> bytes:
+        """Wait for the batch's COMMIT, announce its new events, and build its receipt."""
+        result = await stored
         for event in result.stored:
             self._live.publish(link.instance_id, {"type": "event", **event})
         receipt = Receipt(
-            batch=frame.batch,
+            batch=batch,
             accepted=result.accepted,
             rejected=[
                 Rejection(event_id=r.event_id, code=r.code, message=r.message, retryable=r.retryable)
@@ -609,6 +623,21 @@ class ControlPlane:
             ],
         )
         return encode(receipt)
+
+    async def _answer_batches(self, link: _Link) -> None:
+        """Per link: send receipts in batch arrival order, each once its events are committed."""
+        while True:
+            batch, stored = await link.receipts.get()
+            try:
+                receipt = await self._receipt_for(link, batch, stored)
+                await self._send_receipt(link, receipt)
+            except ConnectionClosed:
+                pass  # unanswered: the driver resends, and the duplicates are accepted again
+            except Exception:
+                log.exception("batch.store_failed", instance_id=link.instance_id, batch=batch)
+                await self._close(link.ws, 1011, "store failure")
+            finally:
+                link.receipts.task_done()
 
     async def _send_receipt(self, link: _Link, receipt: bytes) -> None:
         sends, link.held_receipt = self.faults.plan_receipt(receipt, link.held_receipt)

@@ -146,6 +146,7 @@ class Store:
         # Autocommit mode: writes open their own explicit transactions, reads see the latest commit.
         self._db = sqlite3.connect(str(self.path), isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        self._depth = 0  # open transaction nesting (see _Transaction)
         self._db.execute("PRAGMA busy_timeout = 5000")
         if create:
             self._db.execute("PRAGMA journal_mode = WAL")
@@ -386,20 +387,36 @@ class Store:
     # -- helpers --------------------------------------------------------------------------------
 
     def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self)
+
+    def transaction(self) -> _Transaction:
+        """Group several writes into one transaction (one COMMIT, one fsync)."""
+        return _Transaction(self)
 
 
 class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error); COMMIT returns after the fsync."""
+    """BEGIN IMMEDIATE ... COMMIT (COMMIT returns after the fsync), or ROLLBACK on error.
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    Re-entrant: inside an open transaction it is a SAVEPOINT, so the group writer can run many writes
+    in one transaction while a failing write still undoes only its own changes.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        depth = self._store._depth
+        self._store._db.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT sp{depth}")
+        self._store._depth = depth + 1
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self._db.execute("COMMIT")
+        self._store._depth -= 1
+        depth = self._store._depth
+        db = self._store._db
+        if depth == 0:
+            db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        elif exc_type is None:
+            db.execute(f"RELEASE sp{depth}")
         else:
-            self._db.execute("ROLLBACK")
+            db.execute(f"ROLLBACK TO sp{depth}")
+            db.execute(f"RELEASE sp{depth}")

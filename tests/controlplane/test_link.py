@@ -434,3 +434,14 @@ async def test_tls_link_is_verified_against_the_given_ca(tmp_path) -> None:  # t
         await send(ws, hello())
         assert (await recv(ws))["type"] == "welcome"
         await ws.close()
+
+
+async def test_pipelined_batches_are_answered_in_order(cp: ControlPlane) -> None:
+    ws, _ = await handshake(cp.url)
+    for n in range(1, 9):
+        await send(ws, batch(n, [event(n, "message.delta")]))
+    receipts = [await recv(ws) for _ in range(8)]
+    assert [r["batch"] for r in receipts] == list(range(1, 9))
+    assert [r["accepted"] for r in receipts] == [[event(n)["event_id"]] for n in range(1, 9)]
+    assert cp.store.count_events(INSTANCE) == 8
+    await ws.close()
