@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from driver.adapters.base import AdapterConfig, ProviderError, TurnOutcome
+from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary
 from driver.adapters.environment import provider_env
 from driver.ports.mcp_host import McpHostServer
@@ -294,6 +294,35 @@ async def test_cancel_while_turn_start_is_in_flight(tmp_path: Path, fake: FakeRe
                 await h.adapter.cancel()
         assert outcome[0].status == "cancelled"
         assert time.monotonic() - began < 10  # the slow reply alone would take ~20 s
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_cancel_while_an_approval_is_pending(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url, perms=ScriptedPermissions(hold=True))
+    await h.adapter.start()
+    try:
+        outcome: list[TurnOutcome] = []
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+
+                async def run_shell() -> None:
+                    outcome.append(await h.adapter.run("run-held", RunInput(text="[[shell:touch held.txt]]")))
+
+                tg.start_soon(run_shell)
+                await h.perms.pending.wait()
+                # What the kernel does on turn.cancel: interrupt, and resolve pending requests cancelled.
+                await h.adapter.cancel()
+                h.perms.release(PermissionDecision("cancelled", None))
+        assert outcome[0].status == "cancelled"
+        assert not (h.cwd / "held.txt").exists()
+        started = {e["tool_call_id"] for e in h.events.of("tool.started")}
+        ended = {e["tool_call_id"]: e["status"] for e in h.events.of("tool.completed")}
+        assert started and started == set(ended)
+        assert set(ended.values()) <= {"cancelled", "declined"}
+        after = await h.run("[[say:next]]", "run-next")
+        assert after.status == "completed" and after.final_message_text == "next"
     finally:
         await h.adapter.stop()
 
