@@ -197,9 +197,10 @@ class ControlPlane:
             self._reader = None
         log.info("controlplane.stopped")
 
-    async def restart(self) -> None:
-        """Stop (links get 1012 "service restart") and start again on the same ports and database."""
-        await self.stop(1012)
+    async def restart(self, close_code: int = 1012) -> None:
+        """Stop and start again on the same ports and database. Links get `close_code`: 1012 (service
+        restart) by default; 1006 drops every TCP connection without a close frame, like a crash."""
+        await self.stop(close_code)
         await self.start()
 
     @property
@@ -283,16 +284,23 @@ class ControlPlane:
         raise RuntimeError("control plane stopped while waiting")
 
     async def wait_for_event(
-        self, instance_id: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+        self,
+        instance_id: str,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout: float = 10.0,
+        kinds: Iterable[str] | str | None = None,
     ) -> dict[str, Any]:
-        """The first stored event (already stored or arriving later) for which `predicate` holds."""
+        """The first stored event (already stored or arriving later) for which `predicate` holds.
+
+        `kinds` narrows the scan of what is already stored (worth it on long histories)."""
+        wanted = {kinds} if isinstance(kinds, str) else (None if kinds is None else set(kinds))
         with self.subscribe(instance_id) as sub:
-            for event in self.store.events(instance_id):
+            for event in self.store.events(instance_id, kinds=wanted):
                 if predicate(event):
                     return event
             async with asyncio.timeout(timeout):
                 async for item in sub:
-                    if item["type"] != "event":
+                    if item["type"] != "event" or (wanted is not None and item["kind"] not in wanted):
                         continue
                     event = {k: v for k, v in item.items() if k != "type"}
                     if predicate(event):

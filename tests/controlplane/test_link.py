@@ -445,3 +445,15 @@ async def test_pipelined_batches_are_answered_in_order(cp: ControlPlane) -> None
     assert [r["accepted"] for r in receipts] == [[event(n)["event_id"]] for n in range(1, 9)]
     assert cp.store.count_events(INSTANCE) == 8
     await ws.close()
+
+
+async def test_crash_restart_drops_links_without_a_close_frame(cp: ControlPlane) -> None:
+    ws, _ = await handshake(cp.url)
+    await send(ws, batch(1, [event(1), event(2, "message.completed")]))
+    await recv(ws)
+    await cp.restart(1006)
+    assert await close_code(ws) is None
+    ws, _ = await handshake(cp.url)
+    found = await cp.wait_for_event(INSTANCE, lambda e: True, kinds="message.completed", timeout=5)
+    assert found["seq"] == 2
+    await ws.close()
