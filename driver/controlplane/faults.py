@@ -15,7 +15,7 @@ shows what is still armed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -43,7 +43,7 @@ class Faults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     close_after_frames: int | None = None
     close_frame_type: str | None = None
     close_stage: CloseStage = "before_receipt"
-    close_code: int = 1011
+    close_code: Annotated[int, msgspec.Meta(ge=1000, le=4999)] = 1011
     # Refuse every new link with 4401, as if the token were revoked.
     reject_auth: bool = False
 

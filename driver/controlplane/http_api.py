@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import msgspec
 import structlog
 
+from driver.controlplane.server import sendable_close_code
 from driver.controlplane.store import CommandExists
 
 if TYPE_CHECKING:
@@ -139,8 +140,8 @@ class HttpApi:
         if route == ("POST", "close"):
             args = _json_object(body)
             code = args.get("code", 1011)
-            if not isinstance(code, int):
-                raise HttpError(HTTPStatus.BAD_REQUEST, "code must be an integer")
+            if not isinstance(code, int) or not sendable_close_code(code):
+                raise HttpError(HTTPStatus.BAD_REQUEST, "code must be a sendable close code (or 1006)")
             closed = await self.cp.close_link(instance_id, code, str(args.get("reason", "")))
             return HTTPStatus.OK, {"closed": closed}
         raise HttpError(HTTPStatus.NOT_FOUND, "not found")

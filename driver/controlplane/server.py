@@ -718,12 +718,19 @@ class ControlPlane:
             return
 
     async def _close(self, ws: ServerConnection, code: int, reason: str) -> None:
+        if not sendable_close_code(code):
+            raise ValueError(f"close code {code} cannot be sent (use 1000-1003, 1007-1014, 3000-4999 or 1006)")
         if code == ABORT:
             if ws.transport is not None:
                 ws.transport.abort()
             return
         with contextlib.suppress(ConnectionClosed):
             await ws.close(code, reason)
+
+
+def sendable_close_code(code: int) -> bool:
+    """Codes a close frame may carry (RFC 6455 §7.4), plus 1006 which we emulate by dropping TCP."""
+    return code in (1000, 1001, 1002, 1003, ABORT) or 1007 <= code <= 1014 or 3000 <= code <= 4999
 
 
 def _close_of(ws: ServerConnection) -> tuple[int, str]:

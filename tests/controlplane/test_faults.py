@@ -192,6 +192,8 @@ def test_update_validates_and_is_all_or_nothing() -> None:
     f = Faults()
     with pytest.raises(msgspec.ValidationError, match="nonsense"):
         f.update({"withhold_receipts": True, "nonsense": 1})
+    with pytest.raises(msgspec.ValidationError, match="close_code"):
+        f.update({"close_code": 999})
     with pytest.raises(msgspec.ValidationError, match="close_stage"):
         f.update({"close_stage": "sometime"})
     assert f.withhold_receipts is False

@@ -94,6 +94,7 @@ async def test_get_events_after_seq(cp: ControlPlane) -> None:
 
 async def test_terminate_and_close_over_http(cp: ControlPlane) -> None:
     ws, _ = await handshake(cp.url)
+    assert (await call(cp, "POST", f"/api/instances/{INSTANCE}/close", {"code": 1005}))[0] == 400
     assert await call(cp, "POST", f"/api/instances/{INSTANCE}/close", {"code": 1013}) == (200, {"closed": True})
     assert await close_code(ws) == 1013
     await cp.wait_disconnected(INSTANCE)
