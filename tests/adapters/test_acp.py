@@ -1,18 +1,32 @@
 """The `acp` adapter against real ACP agents (codex-acp, claude-agent-acp) pointed at the fake model
 endpoints, and against our own stubborn agent for the misbehaviours real agents will not show on cue.
 
-What each real agent supports, as measured here (versions pinned in package.json):
+What each real agent supports, as measured here (versions pinned in package.json; times on an
+unloaded 2-core machine, roughly 2-3x more under load):
 
 | | codex-acp 0.16.0 | claude-agent-acp 0.101.0 |
 | --- | --- | --- |
-| start to session id | ~0.3 s | ~2.4 s (Node + SDK) |
-| loadSession | yes | yes |
+| start to session id | ~0.3 s | ~2.4 s (Node + Claude Code) |
+| session/load (resume) | yes (needs the same CODEX_HOME) | yes |
 | additionalDirectories | no | yes |
-| auth methods | env_var (CODEX_API_KEY, OPENAI_API_KEY), chatgpt; none needed with a custom provider | none |
-| default mode | read-only (asks before edits) | auto (decides itself): we switch to `default` |
-| permission ids | see CODEX_* below | allow-once / allow-with-updates / reject |
-| usage | no | usage_update with cost, PromptResponse.usage |
+| MCP over http | yes | yes (and sse) |
+| auth methods | env_var (CODEX_API_KEY / OPENAI_API_KEY), chatgpt; none needed with a custom provider | none |
+| default mode | read-only: asks before edits, runs commands sandboxed | auto (decides itself): we set `default` |
+| full_access mode | full-access | bypassPermissions (IS_SANDBOX=1 as root) |
+| permission options | approved (allow_once), abort (reject_once) | allow-once, allow-with-updates, reject |
+| reject | ends the whole turn, stopReason cancelled | the turn goes on, tool fails |
+| tool names | none (we use `kind`: edit, execute) | `name`: Write, Bash |
+| tool input | complete on tool_call | streams in: empty pending tool_call, then updates |
+| thoughts | agent_thought_chunk | agent_thought_chunk |
+| usage | usage_update with context size only | usage_update with cost, PromptResponse.usage |
+| cancel → stopReason cancelled | ~20 ms | ~100-350 ms |
 | exits on stdin EOF | no (SIGTERM) | yes |
+| edits files through fs/* | no (native apply_patch; reported via diff content) | no (native Write; via diff) |
+
+codex-acp quirks: it puts warnings into the reply as agent_message_chunk (e.g. "Model metadata for
+`gpt-5` not found", so use a model it knows); with `unified_exec` it reports no tool call at all for a
+shell command; it refuses to install its bwrap sandbox helper when CODEX_HOME is under TMPDIR (then
+every command fails with "codex-linux-sandbox: No such file"), so TMPDIR must point elsewhere.
 """
 
 from __future__ import annotations
@@ -246,8 +260,23 @@ async def test_stubborn_text_permissions_by_kind_and_terminal(tmp_path: Path, st
     completed = [p for p in h.events.of("tool.completed") if p["tool_call_id"] == req.tool_call_id]
     assert len(started) == 1 and [c["status"] for c in completed] == ["declined"]
 
+    # A timeout is a rejection to the agent (PROTOCOL §6.2), chosen by kind.
+    h.permissions.decide = lambda req: PermissionDecision("timed_out", None)
+    out = await h.run("[[perm]]", "run-3b")
+    assert out.final_message_text == "permission reject_once"
+    assert h.events.of("tool.completed")[-1]["status"] == "declined"
+
     out = await h.run("[[shell:printf 'hi there'; exit 3]]", "run-4")
     assert out.final_message_text == "exit 3: hi there"
+
+
+async def test_stubborn_full_access_allows_without_asking(tmp_path: Path, stopper: Any) -> None:
+    """An agent with no "never ask" mode still asks under full_access: we allow by kind, silently."""
+    h = stopper(stubborn(tmp_path, policy="full_access", permissions=ScriptedPermissions(reject_first)))
+    await h.adapter.start()
+    out = await h.run("[[perm]]")
+    assert out.final_message_text == "permission allow_once"
+    assert h.permissions.requests == []
 
 
 async def test_stubborn_fs_admission(tmp_path: Path, stopper: Any) -> None:
