@@ -109,6 +109,10 @@ class DevPaths:
         self.state_dir.mkdir(mode=0o700)
 
 
+def new_command_id() -> str:
+    return f"cmd-dev-{uuid.uuid4().hex[:16]}"
+
+
 def new_instance_id() -> str:
     """Unique per dev run, so every run starts at epoch 1 with a state dir of its own."""
     return f"drv-dev-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
@@ -605,16 +609,20 @@ class DevChat:
 
     # -- the pump: control-plane items -> output and actions --------------------------------------
     async def pump(self, sub: Subscription) -> None:
-        async for item in sub:
-            kind = item.get("type")
-            if kind == "event":
-                self._on_event(item)
-            elif kind == "heartbeat":
-                self.status.heartbeat(item, time.monotonic())
-            elif kind == "link":
-                self._on_link(item)
-            elif kind == "command.update":
-                self._on_update(item)
+        try:
+            async for item in sub:
+                kind = item.get("type")
+                if kind == "event":
+                    self._on_event(item)
+                elif kind == "heartbeat":
+                    self.status.heartbeat(item, time.monotonic())
+                elif kind == "link":
+                    self._on_link(item)
+                elif kind == "command.update":
+                    self._on_update(item)
+        except Exception as exc:  # a bug here must not leave the user typing into a dead chat
+            self.say(f"[dev] internal error while showing events: {type(exc).__name__}: {exc}")
+            self.push(("stop", "internal error"))
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
         self.write(self.transcript.event(event))
@@ -657,21 +665,17 @@ class DevChat:
         self.say(f"[{kind} failed] {error.get('code')}: {error.get('message')}")
 
     # -- commands -------------------------------------------------------------------------------
-    async def send(self, kind: str, **fields: Any) -> str:
-        command_id = f"cmd-dev-{uuid.uuid4().hex[:16]}"
+    async def send(self, kind: str, command_id: str | None = None, **fields: Any) -> None:
+        command_id = command_id or new_command_id()
         self.commands[command_id] = kind  # before sending: its update may come back at once
         await self.cp.send_command(self.instance_id, kind, command_id=command_id, **fields)
-        return command_id
 
     async def start_run(self, text: str) -> None:
-        run_id = f"run-{uuid.uuid4().hex[:12]}"
-        command_id = f"cmd-dev-{uuid.uuid4().hex[:16]}"
-        self.run = _Run(run_id, command_id)
+        """A new run id each time; the run is known before its command goes out, so no event of
+        it can arrive unrecognised."""
+        self.run = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
         self.phase = "running"
-        self.commands[command_id] = "input.start"
-        await self.cp.send_command(
-            self.instance_id, "input.start", command_id=command_id, run_id=run_id, input={"text": text}
-        )
+        await self.send("input.start", self.run.command_id, run_id=self.run.run_id, input={"text": text})
 
     async def stop(self, why: str) -> None:
         if self.phase == "stopping":
@@ -737,7 +741,8 @@ class DevChat:
         elif kind == "permission_settled":
             await self._permission_settled(str(value))
         elif kind == "line":
-            self.transcript.mark_line_start(True)  # the user pressed Enter
+            if self.prompts:
+                self.transcript.mark_line_start(True)  # the terminal echoed the user's Enter
             await self._line(str(value))
         elif kind == "eof":
             self.stdin_open = False
@@ -749,7 +754,7 @@ class DevChat:
 
     async def _ready(self) -> None:
         if self.phase != "starting":
-            return  # a provider restart announces itself again
+            return  # driver.started comes once per driver process; nothing to redo
         self.phase = "idle"
         self.status.connected = self.cp.connected(self.instance_id)
         if self.once is not None:
@@ -800,6 +805,8 @@ class DevChat:
         elif command == "/help":
             self.say(HELP)
         elif command in ("/quit", "/exit"):
+            if self.phase == "running":
+                self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")
             self.waiting.append(("quit", None))
         elif command:
             if self.phase in ("starting", "running"):
@@ -815,8 +822,9 @@ class DevChat:
             await end_process(self.driver)
         elif run is not None and not run.cancel_sent:
             run.cancel_sent = True
+            # Typed-ahead inputs go with the cancelled run; a typed-ahead /quit stays.
             dropped = sum(1 for kind, _ in self.waiting if kind == "input")
-            self.waiting.clear()
+            self.waiting = deque(a for a in self.waiting if a[0] != "input")
             note = f"; {dropped} queued input(s) dropped" if dropped else ""
             self.say(f"[dev] cancelling {run.run_id} (Ctrl-C again to quit){note}")
             await self.send("turn.cancel", run_id=run.run_id, reason="user pressed Ctrl-C")
