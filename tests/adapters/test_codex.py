@@ -157,8 +157,8 @@ async def test_command_approval_allowed_then_declined(tmp_path: Path, fake: Fake
         assert started["tool_call_id"] == request.tool_call_id and started["name"] == "shell"
         done = h.events.of("tool.completed")[0]
         assert (done["status"], done["exit_code"]) == ("completed", 0)
+        # The whole output arbitrates (Codex may or may not stream a short output as deltas too).
         assert "made-it" in done["output"]
-        assert "made-it" in "".join(e["text"] for e in h.events.of("tool.output.delta"))
 
         h.perms.decide = reject_first
         outcome = await h.run("[[shell:touch declined.txt]]", "run-b")
