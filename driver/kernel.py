@@ -643,12 +643,20 @@ class Kernel:
         self._tg.start_soon(self._escalate, run)
 
     async def _escalate(self, run: Run) -> None:
+        adapter = run.adapter
+        if adapter is None:
+            # The run is still waiting for its provider to (re)start: nothing to interrupt or signal
+            # (the provider being started belongs to the next run), so end it now.
+            run.scope.cancel()
+            return
+        # One deadline for asking and for waiting: a cancel() that hangs does not buy more time.
+        deadline = anyio.current_time() + self.options.cancel_interrupt_grace_s
         try:
             with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
-                await (run.adapter or self.adapter).cancel()
+                await adapter.cancel()
         except Exception as exc:
             log.warning("cancel.interrupt_failed", error=str(exc))
-        with anyio.move_on_after(self.options.cancel_interrupt_grace_s):
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
             await run.ended.wait()
             return
         run.cancel_phase = "terminate"

@@ -21,6 +21,7 @@ from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import (
     TERMINALS,
     Driver,
+    group_alive,
     now,
     terminals,
     wait_diagnostic,
@@ -189,3 +190,23 @@ async def test_real_runtime_cancel_mid_stream_and_while_permission_pending(
 
         # The runtime is still usable afterwards.
         await assert_next_run_works(cp, "run-after")
+
+
+async def test_cancel_while_the_run_waits_for_its_provider_ends_it_at_once(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        d = start(tmp_path, cp.url, drivers, mode="no-init", env={"AGENT_DRIVER_PROVIDER_START_TIMEOUT_MS": "30000"})
+        starting = await wait_provider(d)
+        input_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-w", input={"text": "hi"})
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "run.started" and e["run_id"] == "run-w")
+        t0 = now()
+        status = await cancel(cp, "run-w")
+        assert now() - t0 < 1.5  # no interrupt grace to sit out: there is no turn yet
+        assert status["result"]["phase"] == "interrupt"
+        [terminal] = terminals(cp, "run-w")
+        assert terminal["kind"] == "run.cancelled"
+        assert terminal["payload"]["details"]["signalled_process_groups"] == []
+        assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
+        # The provider still starting was left alone (it belongs to the next run).
+        assert group_alive(starting)
