@@ -512,7 +512,7 @@ class AcpAdapter(Adapter):
             tool_call_id=call.tool_call_id,
             title=call.title or call.kind or "permission requested",
             options=tuple(PermissionOption(o.option_id, o.kind, o.name) for o in offered),  # type: ignore[arg-type]
-            tool_name=call.kind or "",
+            tool_name=call.name or call.kind or "",
             tool_input=call.raw_input,
         )
         decision: PermissionDecision | None = None
