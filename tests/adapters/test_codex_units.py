@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from driver.adapters.base import PermissionDecision
-from driver.adapters.codex import _codex_decision
+from driver.adapters.base import AdapterConfig, PermissionDecision
+from driver.adapters.codex import CodexAdapter, _codex_decision
 from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
 from driver.adapters.codex_turn import CodexTurn, FileTouched
-from driver.protocol.boot import ExecutionConfig, McpServer
+from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
+from driver.protocol.boot import ExecutionConfig, McpServer, SessionConfig
 from driver.protocol.events import validate_payload
+from driver.testing.ports import recording_ports
 
 
 def _execution(**kw: object) -> ExecutionConfig:
@@ -143,3 +146,17 @@ def test_host_server_table_and_full_access_approves_mcp_tools() -> None:
     supervised = _execution(mcp_servers=[docs])
     config = tomllib.loads(render_config(settings_from(supervised), supervised.mcp_servers)[0])
     assert "default_tools_approval_mode" not in config["mcp_servers"]["docs"]
+
+
+async def test_unknown_server_requests_are_refused(tmp_path: Path) -> None:
+    session = SessionConfig(id="s", agent_id="a", kind="cattle", cwd=str(tmp_path), state_dir=str(tmp_path))
+    config = AdapterConfig(session=session, execution=_execution(), state_dir=tmp_path, project_root=tmp_path)
+    ports, _, perms = recording_ports(tmp_path)
+    adapter = CodexAdapter(config, ports)
+    for method in ("item/tool/requestUserInput", "account/chatgptAuthTokens/refresh", "applyPatchApproval"):
+        with pytest.raises(JsonRpcError) as info:
+            await adapter._on_request(method, {"threadId": "t"})
+        assert info.value.code == METHOD_NOT_FOUND
+    # A server's own elicitation (not a tool approval) is declined without asking anyone.
+    answer = await adapter._on_request("mcpServer/elicitation/request", {"serverName": "docs", "_meta": {}})
+    assert answer == {"action": "decline"} and perms.requests == []
