@@ -35,6 +35,7 @@ from driver.dev import (
 from driver.protocol.boot import BOOT_DECODER
 
 ROOT = Path(__file__).resolve().parents[1]
+DEV = [sys.executable, "-m", "driver.cli", "dev"]
 
 
 def ev(kind: str, run_id: str | None = "run-1", **payload: Any) -> dict[str, Any]:
@@ -187,10 +188,14 @@ def leftover_boot_files(workdir: Path) -> list[Path]:
 
 @pytest.mark.provider
 @pytest.mark.timeout(300)  # a cold Claude CLI on a loaded 2-core machine
-def test_once_prints_the_streamed_reply_offline_and_exits_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("runtime", "key"),
+    [("claude-agent-sdk", "ANTHROPIC_API_KEY"), ("acp", "OPENAI_API_KEY"), ("openai-app-server", "OPENAI_API_KEY")],
+)
+def test_once_prints_the_streamed_reply_offline_and_exits_zero(tmp_path: Path, runtime: str, key: str) -> None:
     workdir = tmp_path / "dev"
     proc = subprocess.run(
-        [sys.executable, "-m", "driver.cli", "dev", "--once", "[[say:hello dev]]", "--workdir", str(workdir)],
+        [*DEV, "--runtime", runtime, "--workdir", str(workdir), "--once", "[[say:hello dev]]"],
         capture_output=True,
         text=True,
         env=dev_env(),
@@ -200,7 +205,7 @@ def test_once_prints_the_streamed_reply_offline_and_exits_zero(tmp_path: Path) -
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("OFFLINE: ANTHROPIC_API_KEY is not set")
+    assert lines[0].startswith(f"OFFLINE: {key} is not set")
     assert AGENT_PREFIX + "hello dev" in lines
     assert any(line.startswith("[status] link connected") and line.endswith("completed") for line in lines)
     # It really streamed through the control plane: deltas were stored before the completed message.
@@ -244,10 +249,7 @@ class Screen:
 async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
     workdir = tmp_path / "dev"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "driver.cli",
-        "dev",
+        *DEV,
         "--workdir",
         str(workdir),
         stdin=asyncio.subprocess.PIPE,
