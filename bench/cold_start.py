@@ -1,0 +1,145 @@
+"""Cold start (process spawn to `hello` received by the control plane), idle RSS and idle CPU.
+
+The control plane runs in this process and notes the moment it decodes each `hello`. The driver is
+the real `agent-driver run` process with the stubborn ACP agent as provider (started in parallel with
+the link, as always). Baseline: `python -c "import websockets, msgspec, anyio"` run to exit, and the
+RSS of a Python process that imported the same three libraries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench._common import INSTANCE, ROOT, TOKEN, cpu_seconds, driver_env, goal, median, rss_mb, table
+from bench._common import boot_payload as make_payload
+
+RUNS = 7
+IDLE_SECONDS = 4.0
+BASELINE_IMPORTS = "import websockets, msgspec, anyio"
+
+
+def _baseline_start() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BASELINE_IMPORTS], check=True)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _baseline_rss() -> float:
+    code = f"{BASELINE_IMPORTS}\nfrom bench._common import rss_mb\nprint(rss_mb())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def _spawn(tmp: Path, url: str, n: int) -> subprocess.Popen[bytes]:
+    boot = tmp / f"boot-{n}.json"
+    boot.write_text(json.dumps(make_payload(tmp, url)))
+    boot.chmod(0o600)
+    return subprocess.Popen(
+        [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(boot), "--log-level", "warning"],
+        cwd=ROOT,
+        env=driver_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+async def _main() -> None:
+    from driver import logs
+    from driver.controlplane.server import ControlPlane
+    from driver.protocol.frames import Hello
+
+    logs.configure("error")
+    base_ms = [_baseline_start() for _ in range(RUNS)]
+    base_rss = _baseline_rss()
+    hello_ms: list[float] = []
+    boot_ms: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-cold-") as tmp_s:
+        tmp = Path(tmp_s)
+        async with ControlPlane(tmp / "cp.sqlite3", tokens={TOKEN: {INSTANCE}}, http_port=None) as cp:
+            seen: list[float] = []
+            decode = cp._decode
+
+            def timed_decode(raw: str | bytes) -> Any:
+                frame = decode(raw)
+                if isinstance(frame, Hello):
+                    seen.append(time.perf_counter())
+                return frame
+
+            cp._decode = timed_decode  # type: ignore[method-assign]
+            proc: subprocess.Popen[bytes] | None = None
+            for n in range(1, RUNS + 1):
+                seen.clear()
+                t0 = time.perf_counter()
+                proc = _spawn(tmp, cp.url, n)
+                try:
+                    await cp.wait_until(lambda: bool(seen) and cp.connected(INSTANCE), timeout=30)
+                    hello_ms.append((seen[0] - t0) * 1000)
+                    started = await cp.wait_for_event(
+                        INSTANCE, lambda e, n=n: e["kind"] == "driver.started" and e["epoch"] == n, timeout=30
+                    )
+                    boot_ms.append(float(started["payload"]["timings"]["boot_ms"]))
+                finally:
+                    if n < RUNS:
+                        _kill(proc)
+                        await cp.wait_disconnected(INSTANCE, timeout=30)
+            assert proc is not None
+            try:
+                # Idle: the last driver, its provider started, no run; heartbeats every 5 s.
+                await anyio.sleep(1.0)
+                idle_rss = rss_mb(proc.pid)
+                c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+                await anyio.sleep(IDLE_SECONDS)
+                idle_cpu = (cpu_seconds(proc.pid) - c0) / (time.perf_counter() - t0) * 100
+            finally:
+                _kill(proc)
+
+    ratio = median(hello_ms) / median(base_ms)
+
+    def row(name: str, values: list[float]) -> list[Any]:
+        return [name, median(values), f"{min(values):.0f}-{max(values):.0f}"]
+
+    table(
+        f"cold start ({RUNS} runs each, median; min-max)",
+        ["what", "ms", "range"],
+        [
+            row("driver: spawn → hello received by the CP", hello_ms),
+            row("driver: its own boot_ms (start → provider started)", boot_ms),
+            row(f'baseline: python -c "{BASELINE_IMPORTS}"', base_ms),
+        ],
+    )
+    goal("spawn → hello ≤ 1.5 x baseline", ratio <= 1.5, f"{ratio:.2f} x")
+    table(
+        "idle daemon (driver process only, provider running as its child, no run)",
+        ["what", "value"],
+        [
+            ["driver RSS MB", idle_rss],
+            ["baseline RSS MB (python + websockets, msgspec, anyio)", base_rss],
+            [f"driver CPU % over {IDLE_SECONDS:.0f} s idle", idle_cpu],
+        ],
+    )
+    goal("idle RSS ≤ 60 MB", idle_rss <= 60, f"{idle_rss:.1f} MB")
+
+
+def main() -> None:
+    anyio.run(_main)
+
+
+if __name__ == "__main__":
+    main()

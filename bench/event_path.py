@@ -1,0 +1,256 @@
+"""Lossless events per second, and emit-to-receipt latency, through the real event path.
+
+Driver side (this process): the real `Kernel.emit` (payload validation, run stamping), `Outbox`
+(seq and id stamping, group-committed SQLite journal with fsync) and `Link` (batches, receipts).
+Control plane: the reference `ControlPlane` in a child process (validation, SQLite store with
+`synchronous=FULL`, receipt after commit).
+
+Baseline (the ceiling on this machine): a bare `websockets` client sending the same frames, in
+batches of the same size, to a bare `websockets` server in a child process that decodes each batch
+and answers its receipt, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import msgspec
+
+from bench._common import boot_payload as make_payload
+from bench._common import goal, percentile, table
+from bench._servers import Child
+
+N_EVENTS = 30_000
+WARMUP_EVENTS = 2_000
+BATCH = 256  # the control plane's max_batch_events, which the driver's batches are cut to
+LATENCY_RATE = 1_000  # events per second
+LATENCY_SECONDS = 3.0
+FILLER = "x" * 80  # a payload of ~150 bytes, the size of a typical tool or plan event
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"entries": [{"content": f"step {i} {FILLER}", "status": "pending"}]}
+
+
+class DriverSide:
+    """A real Kernel, Outbox and Link connected to a control plane; no provider is started."""
+
+    def __init__(self, tmp: Path, url: str, instance: str, *, fsync: bool = True) -> None:
+        from driver.boot import parse_payload
+        from driver.kernel import Kernel
+
+        boot = parse_payload(json.dumps(make_payload(tmp, url, instance=instance)).encode())
+        self.kernel = Kernel(boot, started_at=time.monotonic())
+        self.outbox = self.kernel.outbox
+        if not fsync:
+            # Diagnostic only: how much of the driver's time is the disk (the driver never runs so).
+            self.kernel.journal._db.execute("PRAGMA synchronous=OFF")
+        self.emit_started: list[float] = [0.0]
+        self.emitted: dict[str, float] = {}
+        self.receipted: dict[str, float] = {}
+        self._recording = False
+        self._wrap()
+
+    def _wrap(self) -> None:
+        """Record, per event id, when its `emit` began and when its receipt was applied."""
+        admit, on_receipt = self.outbox.admit, self.outbox.on_receipt
+
+        async def timed_admit(kind: str, payload: bytes, delivery: Any, run_id: str | None) -> str:
+            event_id = await admit(kind, payload, delivery, run_id)
+            if self._recording:
+                self.emitted[event_id] = self.emit_started[0]
+            return event_id
+
+        def timed_receipt(receipt: Any) -> Any:
+            if self._recording:
+                now = time.perf_counter()
+                for event_id in receipt.accepted:
+                    self.receipted[event_id] = now
+            return on_receipt(receipt)
+
+        self.outbox.admit = timed_admit  # type: ignore[method-assign]
+        self.outbox.on_receipt = timed_receipt  # type: ignore[method-assign]
+
+    async def run(self, body: Callable[[DriverSide], Any]) -> Any:
+        from driver.link import Link, LinkHooks
+
+        k = self.kernel
+        link = Link(
+            k.boot.control,
+            k.boot.driver_instance_id,
+            k.outbox,
+            LinkHooks(k.hello, k.heartbeat, k.on_welcome, k.on_command, k.on_final_rejections),
+        )
+        result: Any = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(k.outbox.run)
+            tg.start_soon(link.run)
+            with anyio.fail_after(20):
+                await link.connected.wait()
+            result = await body(self)
+            tg.cancel_scope.cancel()
+        k.journal.close()
+        return result
+
+    async def emit(self, i: int) -> None:
+        self.emit_started[0] = time.perf_counter()
+        await self.kernel.emit("plan.updated", _payload(i))
+
+    async def flood(self, n: int, start: int = 0) -> float:
+        """Emit n events as fast as the producer can (yielding every 64, as an adapter reading a
+        provider's stdout does); seconds until every one has its receipt."""
+        t0 = time.perf_counter()
+        for i in range(start, start + n):
+            await self.emit(i)
+            if i % 64 == 0:
+                await anyio.lowlevel.checkpoint()
+        with anyio.fail_after(300):
+            await self.outbox.drained()
+        return time.perf_counter() - t0
+
+    async def paced(self, rate: int, seconds: float) -> list[float]:
+        """Emit at `rate` events/s; emit-to-receipt latencies in ms."""
+        self._recording = True
+        interval = 1.0 / rate
+        t0 = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            delay = t0 + i * interval - time.perf_counter()
+            if delay > 0:
+                await anyio.sleep(delay)
+            await self.emit(i)
+        with anyio.fail_after(60):
+            await self.outbox.drained()
+        self._recording = False
+        return [(self.receipted[e] - t) * 1000 for e, t in self.emitted.items() if e in self.receipted]
+
+
+def _frames(n: int) -> list[bytes]:
+    """The frames the ceiling client sends: the same event envelopes, BATCH per frame."""
+    from driver.protocol.events import Event, event_id_for, validate_payload
+    from driver.protocol.frames import encode_events_frame
+    from driver.queue.outbox import utc_now
+
+    enc = msgspec.json.Encoder()
+    bodies = [
+        enc.encode(
+            Event(
+                event_id=event_id_for("drv-bare", 1, i),
+                seq=i,
+                epoch=1,
+                kind="plan.updated",
+                delivery="lossless",
+                session_id="ses-bench",
+                run_id=None,
+                occurred_at=utc_now(),
+                payload=msgspec.Raw(validate_payload("plan.updated", _payload(i))),
+            )
+        )
+        for i in range(1, n + 1)
+    ]
+    return [encode_events_frame(b + 1, bodies[i : i + BATCH]) for b, i in enumerate(range(0, n, BATCH))]
+
+
+async def ceiling(port: int, n: int) -> float:
+    from websockets.asyncio.client import connect
+
+    frames = _frames(n)
+    async with connect(
+        f"ws://127.0.0.1:{port}/",
+        subprotocols=["agent-driver.v1"],  # type: ignore[list-item]
+        max_size=4 * 1024 * 1024,
+        compression=None,
+        ping_interval=None,
+    ) as ws:
+        got = 0
+
+        async def reader() -> None:
+            nonlocal got
+            async for raw in ws:
+                got += len(json.loads(raw)["accepted"])
+                if got >= n:
+                    return
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader)
+            for f in frames:
+                await ws.send(f.decode())
+        return time.perf_counter() - t0
+
+
+async def _throughput(side: DriverSide) -> float:
+    await side.flood(WARMUP_EVENTS)
+    return await side.flood(N_EVENTS, start=WARMUP_EVENTS)
+
+
+async def _latency(side: DriverSide) -> list[float]:
+    return await side.paced(LATENCY_RATE, LATENCY_SECONDS)
+
+
+async def _main() -> None:
+    from driver import logs
+
+    logs.configure("error")
+    with tempfile.TemporaryDirectory(prefix="bench-event-path-") as tmp_s:
+        tmp = Path(tmp_s)
+        with Child("bare") as bare:
+            await ceiling(bare.port, WARMUP_EVENTS)
+            bare_s = await ceiling(bare.port, N_EVENTS)
+            # The driver's own share: the same driver against the bare receipt server (no CP store).
+            bare_url = f"ws://127.0.0.1:{bare.port}/"
+            alone_s = await DriverSide(tmp / "d0", bare_url, "drv-bench.0").run(_throughput)
+            nosync_s = await DriverSide(tmp / "d00", bare_url, "drv-bench.00", fsync=False).run(_throughput)
+            lat_alone = await DriverSide(tmp / "d01", bare_url, "drv-bench.01").run(_latency)
+        with Child("cp", str(tmp / "cp.sqlite3")) as cp:
+            url = f"ws://127.0.0.1:{cp.port}/driver"
+            driver_s = await DriverSide(tmp / "d1", url, "drv-bench.1").run(_throughput)
+            lat = await DriverSide(tmp / "d2", url, "drv-bench.2").run(_latency)
+
+    bare_rate = N_EVENTS / bare_s
+    driver_rate = N_EVENTS / driver_s
+    ratio = driver_rate / bare_rate
+
+    def row(name: str, seconds: float) -> list[Any]:
+        return [name, seconds, N_EVENTS / seconds, N_EVENTS / seconds / bare_rate]
+
+    size = len(_frames(1)[0]) - 40
+    table(
+        f"event path: {N_EVENTS:,} lossless events of ~{size} bytes, batches of {BATCH}",
+        ["path", "seconds", "events/s", "vs ceiling"],
+        [
+            row("driver: emit → journal (fsync) → link → reference CP store (fsync) → receipt", driver_s),
+            row("driver alone: emit → journal (fsync) → link → bare receipt server", alone_s),
+            row("  same, journal fsync OFF (diagnostic: the disk's share)", nosync_s),
+            row("ceiling: bare websockets client → bare receipt server", bare_s),
+        ],
+    )
+    goal("throughput ≥ 20,000 ev/s", driver_rate >= 20_000, f"{driver_rate:,.0f} ev/s")
+    goal("throughput ≥ 0.25 x ceiling", ratio >= 0.25, f"{ratio:.2f} x")
+    if not lat or not lat_alone:
+        raise RuntimeError("no latency sample: no event was accepted")
+
+    def lrow(name: str, values: list[float]) -> list[Any]:
+        return [name, len(values), *(percentile(values, p) for p in (50, 90, 99)), max(values)]
+
+    table(
+        f"emit → receipt latency (ms) at {LATENCY_RATE:,} events/s for {LATENCY_SECONDS:.0f} s",
+        ["path", "events", "p50", "p90", "p99", "max"],
+        [lrow("driver → reference CP (store fsync)", lat), lrow("driver → bare receipt server", lat_alone)],
+    )
+    p99 = percentile(lat, 99)
+    goal("p99 ≤ 5 ms", p99 <= 5.0, f"p99 {p99:.2f} ms through the reference CP")
+
+
+def main() -> None:
+    anyio.run(_main)
+
+
+if __name__ == "__main__":
+    main()
