@@ -180,6 +180,18 @@ class AcpAdapter(Adapter):
             },
         )
         self.agent = self._decode(init, m.InitializeResult, "initialize")
+        if (
+            self.config.execution.system_prompt
+            and self.agent.agent_capabilities.session_capabilities.system_prompt is None
+        ):
+            await self.ports.emit(
+                "diagnostic.reported",
+                {
+                    "code": "provider.config",
+                    "severity": "warning",
+                    "message": "the acp agent does not accept a system prompt: execution.system_prompt is not applied",
+                },
+            )
         resume = self.config.execution.native_resume
         if resume is not None:
             # A resume id of another runtime (the execution changed runtime) cannot be loaded either.
@@ -199,8 +211,14 @@ class AcpAdapter(Adapter):
         if self.config.session.memory_dir:
             extra.append(self.config.session.memory_dir)
         assert self.agent is not None
-        if extra and self.agent.agent_capabilities.session_capabilities.additional_directories is not None:
+        capabilities = self.agent.agent_capabilities.session_capabilities
+        if extra and capabilities.additional_directories is not None:
             params["additionalDirectories"] = extra
+        system_prompt = self.config.execution.system_prompt
+        if system_prompt and capabilities.system_prompt is not None:
+            # `append` keeps the agent's own instructions (tool use, safety); every agent that
+            # advertises the capability supports it.
+            params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": system_prompt}]}
         return params
 
     async def _new_session(self) -> str:

@@ -40,6 +40,7 @@ class SessionCapabilities(_M):
     # Each capability is advertised as an (empty) object when supported, absent or null otherwise.
     additional_directories: dict[str, Any] | None = None
     resume: dict[str, Any] | None = None
+    system_prompt: dict[str, Any] | None = None  # unstable: `systemPrompt` on session/new and load
 
 
 class AgentCapabilities(_M):

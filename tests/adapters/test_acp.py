@@ -106,6 +106,7 @@ def make_adapter(
     additional_directories: list[str] | None = None,
     memory_dir: str | None = None,
     model: str = "",
+    system_prompt: str = "",
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -115,6 +116,7 @@ def make_adapter(
         revision="rev-1",
         runtime="acp",
         model=model,
+        system_prompt=system_prompt,
         permission_policy=policy,  # type: ignore[arg-type]
         environment=environment or {},
         acp=AcpConfig(command=command, env=env or {}),
@@ -630,14 +632,21 @@ async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any])
 async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> None:
     # execution.model picks a value of the agent's "model" config selector.
     model = "gpt-5.2" if agent.name == "codex-acp" else "haiku"
-    h = agent(tmp_path, model=model)
+    h = agent(tmp_path, model=model, system_prompt="Always answer like a lighthouse keeper.")
     await h.adapter.start()
+    if agent.name == "claude-agent-acp":
+        # Sent as ACP's (unstable) session systemPrompt, appended to the agent's own instructions.
+        assert h.events.of("diagnostic.reported") == []
+    else:
+        assert "system prompt" in h.events.of("diagnostic.reported")[0]["message"]
     sid = h.adapter.native_id
     assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
     out = await h.run("[[think]] [[say:The sky is teal today.]]")
     assert out.status == "completed" and out.stop_reason == "end_turn"
     assert out.final_message_text == "The sky is teal today."
     assert model in h.fake.requests[-1]["model"]
+    sent_system = "lighthouse keeper" in json.dumps(h.fake.requests[-1].get("system"))
+    assert sent_system == (agent.name == "claude-agent-acp")
     thoughts = h.events.of("thought.completed")
     assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
     if h.agent_name == "claude-agent-acp":
