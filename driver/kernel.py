@@ -21,9 +21,10 @@ import anyio.abc
 import msgspec
 
 from driver import __version__, logs
-from driver.adapters.base import Adapter, AdapterConfig, Ports, ProviderError, TurnOutcome
+from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError, TurnOutcome
 from driver.adapters.environment import provider_env
 from driver.adapters.registry import adapter_class
+from driver.ports import artifacts, skills
 from driver.ports.files import AllowedRoots
 from driver.ports.host_tools import HostToolBroker, HostToolCommandError
 from driver.ports.permissions import PermissionBroker, PermissionCommandError
@@ -484,8 +485,12 @@ class Kernel:
         )
         outcome: TurnOutcome | None = None
         error: ProviderError | None = None
+        cwd = Path(self.boot.session.cwd)
+        outputs_before = await anyio.to_thread.run_sync(artifacts.snapshot_outputs, cwd)
+        run_input = command.input
         with run.scope:
             try:
+                run_input = await self._prepare_input(command.input)
                 adapter = await self.supervisor.ready()
                 run.adapter = adapter
                 run.last_activity = time.monotonic()
@@ -493,7 +498,7 @@ class Kernel:
                 assert self._tg is not None
                 self._tg.start_soon(self._watch_silence, run, adapter, silence)
                 try:
-                    outcome = await adapter.run(run.run_id, command.input)
+                    outcome = await adapter.run(run.run_id, run_input)
                 finally:
                     silence.cancel()
             except ProviderError as exc:
@@ -501,6 +506,7 @@ class Kernel:
             except Exception as exc:
                 log.exception("run.adapter_error", run_id=run.run_id)
                 error = ProviderError("driver.internal", f"{type(exc).__name__}: {exc}")
+        await self._report_artifacts(cwd, outputs_before)
         if outcome is None and error is None and run.forced_error is not None:
             error = run.forced_error
         if error is not None and error.code == "provider.crashed" and run.adapter is not None:
@@ -813,7 +819,49 @@ class Kernel:
         self.journal.close()
         return self.exit_status if self.exit_status is not None else 0
 
+    async def _prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
+        """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
+        the one channel every runtime reads)."""
+        if not run_input.attachments:
+            return run_input
+        cwd = Path(self.boot.session.cwd)
+        try:
+            for att in run_input.attachments:
+                self.files.admit(artifacts.attachment_path(cwd, att.name))
+            saved = await artifacts.download_attachments(cwd, run_input.attachments)
+        except (artifacts.AttachmentError, PathNotAllowed) as exc:
+            raise ProviderError("input.attachment_invalid", str(exc)) from None
+        listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
+        return cmds.RunInput(text=f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]")
+
+    async def _report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
+        try:
+            changed = await anyio.to_thread.run_sync(artifacts.changed_outputs, cwd, before)
+        except OSError as exc:
+            log.warning("artifacts.scan_failed", error=str(exc))
+            return
+        for rel, size, digest in changed:
+            await self.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
+
+    async def _install_skills(self) -> None:
+        cwd = Path(self.boot.session.cwd)
+        for skill in self.boot.execution.skills:
+            try:
+                installed = await skills.install(skill, cwd)
+                log.info("skill.installed", name=skill.name, path=str(installed.path))
+            except skills.SkillError as exc:
+                await self.emit(
+                    "diagnostic.reported",
+                    {
+                        "code": "skill.failed",
+                        "severity": "warning",
+                        "message": f"skill {skill.name!r} was not installed: {exc}",
+                        "details": {"name": skill.name},
+                    },
+                )
+
     async def _boot_provider(self) -> None:
+        await self._install_skills()
         await self.supervisor.boot()
         timings = {
             "boot_ms": round((time.monotonic() - self.started_monotonic) * 1000, 1),

@@ -134,8 +134,6 @@ class Outbox:
             self._ready.append(seq)
         heapq.heapify(self._ready)
         self._recovered = len(self._entries)
-        if not self._entries:
-            self._drained.set()
 
     # -- admission ----------------------------------------------------------------------------------
     @property
@@ -187,8 +185,6 @@ class Outbox:
         self._bytes += entry.size
         self._resident += entry.size
         self._unsynced.append(entry)
-        if self._drained.is_set():
-            self._drained = anyio.Event()
         self._work.set()
         return event_id
 
@@ -403,14 +399,14 @@ class Outbox:
 
     def _check_drained(self) -> None:
         if not self._entries and not self._unsynced:
+            # Wake every waiter, and start a fresh event for the next time the outbox empties.
             self._drained.set()
+            self._drained = anyio.Event()
 
     async def drained(self) -> None:
         """Wait until no lossless event is left without a receipt (and the deletions are journaled)."""
-        while not (self._drained.is_set() and not self._entries):
+        while self._entries or self._unsynced or self._to_delete:
             await self._drained.wait()
-            if self._entries:
-                self._drained = anyio.Event()
 
     # -- statistics ---------------------------------------------------------------------------------
     def snapshot(self) -> OutboxStats:
