@@ -415,3 +415,25 @@ async def test_forget_run_clears_its_drop_count(box: Outbox) -> None:
     box.best_effort.forget_run("run-1")
     assert box.dropped_for_run("run-1") == 0
     assert box.snapshot().best_effort_dropped == 1
+
+
+async def test_a_crash_before_the_group_commit_loses_only_unsent_events(
+    journal: Journal, clock: Clock, tmp_path: Path
+) -> None:
+    """`admit` returns before the fsync (group commit): what a crash loses was never sent, and its seqs
+    are never handed out again."""
+    box = make(journal, clock)
+    kept = await lossless(box, 1)
+    await box.flush()
+    lost = await lossless(box, 2)
+    assert [ids_of(b) for b in [take(box)]] == [kept]
+    journal.close()  # the process dies here: the two later admissions were never journaled
+    j2 = Journal(tmp_path / "journal.sqlite3", synchronous="OFF")
+    try:
+        box2 = Outbox(j2, INSTANCE, SESSION, 2, clock=clock)
+        box2.on_link_up()
+        assert box2.recovered == 1 and ids_of(take(box2)) == kept
+        fresh = await box2.admit("message.completed", msg("after"), "lossless", "run-1")
+        assert int(fresh.rsplit("/", 1)[1]) > max(int(i.rsplit("/", 1)[1]) for i in lost)
+    finally:
+        j2.close()
