@@ -109,6 +109,8 @@ async def test_control_plane_restart_mid_run(tmp_path: Any, drivers: Drivers) ->
         assert (await status(cp, cid))["status"] == "completed"
         hb = await next_heartbeat(cp)
         assert hb["outbox"]["lossless_pending"] == 0
+        # A delta every 40 ms during a >1 s outage: some were dropped, and the drops were counted.
+        assert hb["outbox"]["best_effort_dropped"] > 0
         check_run(
             cp,
             "run-1",
@@ -137,6 +139,11 @@ async def test_driver_sigkill_restart_resends_journal(tmp_path: Any, drivers: Dr
         await cp.wait_until(
             lambda: (hb := cp.last_heartbeat(INSTANCE)) is not None and hb["outbox"]["lossless_pending"] >= 30,
             timeout=20,
+        )
+        # Deltas went out and were left out of every receipt: dropped, and counted.
+        await cp.wait_until(
+            lambda: (hb := cp.last_heartbeat(INSTANCE)) is not None and hb["outbox"]["best_effort_dropped"] > 0,
+            timeout=10,
         )
         old_dropped = (cp.last_heartbeat(INSTANCE) or {})["outbox"]["best_effort_dropped"]
         d1.kill()
