@@ -7,8 +7,9 @@ Usage: `python stubborn_acp_agent.py MODE` with MODE one of
 - `exit-mid-turn`: exits with status 3 after the first chunks of a reply;
 - `no-init`: never answers `initialize`.
 - `crash-after-init`: opens sessions normally, then exits with status 4 about 0.3 s later (a provider
-  that dies while idle). With `STUBBORN_CRASHES=PATH` it crashes only while the file at PATH holds a
-  number above 0, and decrements it each time (so a test decides how many starts crash).
+  that dies while idle; its last stderr line includes FAKE_PROVIDER_KEY). With `STUBBORN_CRASHES=PATH`
+  it crashes only while the file at PATH holds a number above 0, and decrements it each time (so a
+  test decides how many starts crash).
 - `crash-on-start`: exits with status 4 before reading anything (a provider that cannot start), with
   the same `STUBBORN_CRASHES` budget.
 
@@ -259,7 +260,9 @@ def crash_soon() -> None:
 
     def die() -> None:
         time.sleep(0.3)
-        sys.stderr.write("stubborn agent: crashing after init on purpose\n")
+        # Says its credential out loud, as crashing programs do: the driver must redact it.
+        leak = os.environ.get("FAKE_PROVIDER_KEY", "")
+        sys.stderr.write(f"stubborn agent: crashing after init on purpose (FAKE_PROVIDER_KEY={leak})\n")
         sys.stderr.flush()
         os._exit(4)
 
