@@ -45,6 +45,8 @@ from driver.adapters.base import (
 )
 from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.ports.mcp_host import SERVER_NAME as HOST_SERVER_NAME
+from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
 log = structlog.get_logger(__name__)
@@ -64,7 +66,16 @@ CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5
 class AcpAdapter(Adapter):
     runtime: ClassVar[str] = "acp"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "file_change"}
+        {
+            "text_stream",
+            "thinking_stream",
+            "tool_stream",
+            "permission_request",
+            "native_resume",
+            "usage",
+            "file_change",
+            "host_tools",
+        }
     )
     # Seconds for the agent to answer initialize / session setup (a Node agent cold-starts in ~2 s).
     start_timeout: float = 60.0
@@ -77,6 +88,7 @@ class AcpAdapter(Adapter):
         self._peer: JsonRpcPeer | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._terminals: TerminalManager | None = None
+        self._host: McpHostServer | None = None
         self._session_id: str | None = None
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
@@ -142,6 +154,10 @@ class AcpAdapter(Adapter):
     async def start(self) -> None:
         env = self._env()
         argv = self._argv(env)
+        if self.config.execution.host_tools:
+            # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers.
+            self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
+            await self._host.start()
         proc = await ProviderProcess.spawn(argv, env=env, cwd=self._cwd, name=f"acp:{Path(argv[0]).name}")
         self._proc = proc
         self._peer = JsonRpcPeer(
@@ -180,17 +196,14 @@ class AcpAdapter(Adapter):
             },
         )
         self.agent = self._decode(init, m.InitializeResult, "initialize")
+        if self._host is not None and not self.agent.agent_capabilities.mcp_capabilities.http:
+            await self._config_warning("the acp agent takes no MCP server over http: host_tools are not offered")
         if (
             self.config.execution.system_prompt
             and self.agent.agent_capabilities.session_capabilities.system_prompt is None
         ):
-            await self.ports.emit(
-                "diagnostic.reported",
-                {
-                    "code": "provider.config",
-                    "severity": "warning",
-                    "message": "the acp agent does not accept a system prompt: execution.system_prompt is not applied",
-                },
+            await self._config_warning(
+                "the acp agent does not accept a system prompt: execution.system_prompt is not applied"
             )
         resume = self.config.execution.native_resume
         if resume is not None:
@@ -204,6 +217,12 @@ class AcpAdapter(Adapter):
             await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": current})
         else:
             await self._new_session()
+
+    async def _config_warning(self, message: str) -> None:
+        log.warning("acp.config", message=message)
+        await self.ports.emit(
+            "diagnostic.reported", {"code": "provider.config", "severity": "warning", "message": message}
+        )
 
     def _session_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"cwd": str(self._cwd), "mcpServers": self._mcp_servers()}
@@ -311,7 +330,16 @@ class AcpAdapter(Adapter):
         """PROTOCOL §6.3 entries in ACP's shapes; header values come from execution.environment."""
         environment = self.config.execution.environment
         servers: list[dict[str, Any]] = []
+        assert self.agent is not None
+        http_ok = self.agent.agent_capabilities.mcp_capabilities.http
+        host = self._host
+        if host is not None and http_ok:
+            auth = {"name": "Authorization", "value": f"Bearer {host.token}"}
+            servers.append({"type": "http", "name": HOST_SERVER_NAME, "url": host.url, "headers": [auth]})
         for server in self.config.execution.mcp_servers:
+            if host is not None and server.name == HOST_SERVER_NAME:
+                log.warning("acp.mcp_name_reserved", server=server.name)
+                continue
             if server.transport == "stdio":
                 servers.append(
                     {
@@ -322,8 +350,7 @@ class AcpAdapter(Adapter):
                     }
                 )
                 continue
-            assert self.agent is not None
-            if not self.agent.agent_capabilities.mcp_capabilities.http:
+            if not http_ok:
                 log.warning("acp.mcp_http_unsupported", server=server.name)
                 continue
             headers = []
@@ -345,6 +372,7 @@ class AcpAdapter(Adapter):
         proc, self._proc = self._proc, None
         terminals, self._terminals = self._terminals, None
         task, self._peer_task = self._peer_task, None
+        host, self._host = self._host, None
         self._peer = None
         for scope in list(self._permission_scopes):
             scope.cancel()
@@ -354,6 +382,8 @@ class AcpAdapter(Adapter):
             if proc is not None:
                 # codex-acp does not exit on stdin EOF: terminate() closes stdin, SIGTERMs, then SIGKILLs.
                 await proc.terminate(grace=self.stop_grace)
+            if host is not None:
+                await host.close()
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

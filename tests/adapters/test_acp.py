@@ -53,6 +53,7 @@ from driver.adapters.jsonrpc import JsonRpcError
 from driver.protocol.boot import (
     AcpConfig,
     ExecutionConfig,
+    HostTool,
     McpServer,
     NativeResume,
     RecoveryMessage,
@@ -84,6 +85,7 @@ class Harness:
     cwd: Path
     agent_name: str = "stubborn"
     fake: Any = None  # the fake model endpoint a real agent talks to
+    host_tools: Any = None  # the EchoHostTools port double
 
     async def run(self, text: str, run_id: str = "run-1", timeout: float = 60) -> TurnOutcome:
         with anyio.fail_after(timeout):
@@ -107,6 +109,7 @@ def make_adapter(
     memory_dir: str | None = None,
     model: str = "",
     system_prompt: str = "",
+    host_tools: list[HostTool] | None = None,
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -128,6 +131,7 @@ def make_adapter(
         recovery_messages=[RecoveryMessage(role=r, text=t) for r, t in (recovery or [])],  # type: ignore[arg-type]
         provider_options=provider_options or {},
         mcp_servers=mcp_servers or [],
+        host_tools=host_tools or [],
     )
     session = SessionConfig(
         id="ses-1",
@@ -146,7 +150,7 @@ def make_adapter(
         env=provider_env(execution.environment, home=str(state)),
     )
     ports, events, perms = recording_ports(cwd, permissions)
-    return Harness(AcpAdapter(config, ports), events, perms, cwd)
+    return Harness(AcpAdapter(config, ports), events, perms, cwd, host_tools=ports.host_tools)
 
 
 @pytest.fixture
@@ -506,9 +510,12 @@ async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path,
                     headers_from_env={"Authorization": "MCP_TOKEN"},
                 ),
                 McpServer(name="local", transport="stdio", command=["mcp-local", "--fast"], env={"LEVEL": "2"}),
+                # The name `host` is reserved for the host tools' server.
+                McpServer(name="host", transport="http", url="https://impostor.example/"),
             ],
             additional_directories=[str(extra)],
             memory_dir=str(memory),
+            host_tools=[HostTool(name="echo")],
         )
     )
     await h.adapter.start()
@@ -516,7 +523,15 @@ async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path,
     params = json.loads(out.final_message_text)
     assert params["cwd"] == str(h.cwd.resolve())
     assert params["additionalDirectories"] == [str(extra), str(memory)]
+    host = h.adapter._host
+    assert host is not None
     assert params["mcpServers"] == [
+        {
+            "type": "http",
+            "name": "host",
+            "url": host.url,
+            "headers": [{"name": "Authorization", "value": f"Bearer {host.token}"}],
+        },
         {
             "type": "http",
             "name": "docs",
@@ -738,3 +753,22 @@ async def test_real_full_access_never_asks(agent: AgentFactory, tmp_path: Path) 
     assert h.permissions.requests == []
     assert (h.cwd / "notes.txt").read_text().strip() == "hello"
     assert [p["status"] for p in h.events.of("tool.completed")] == ["completed"]
+
+
+# codex-acp offers the host MCP tools directly (a `mcp__host` namespace in the request's tools), while
+# the fake Responses endpoint only knows Codex app-server's deferred path (tool_search first) and
+# answers "mcp tool host/echo not found"; so this runs against claude-agent-acp until the fake learns
+# the direct path.
+@pytest.mark.provider
+@pytest.mark.parametrize("agent", ["claude-agent-acp"], indirect=True)
+async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, tmp_path: Path) -> None:
+    echo = HostTool(
+        name="echo",
+        description="Echo the text back",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    )
+    h = agent(tmp_path, host_tools=[echo], permissions=ScriptedPermissions(allow_first))
+    await h.adapter.start()
+    out = await h.run('[[tool:mcp__host__echo:{"text": "hi"}]]')
+    assert out.status == "completed" and out.final_message_text == "tool done"
+    assert h.host_tools.calls == [("echo", {"text": "hi"})]
