@@ -123,7 +123,8 @@ async def test_cancel_racing_the_natural_end_has_one_consistent_terminal(tmp_pat
         seen: set[str] = set()
         for i in range(8):
             run_id = f"race-{i}"
-            text = {"text": "[[say:quick]]"}
+            # Run 0 streams for long, so at least one cancel surely wins; the others race a quick reply.
+            text = {"text": "[[slow]]" if i == 0 else "[[say:quick]]"}
             input_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input=text)
             if i % 2:
                 # Let the run get further before the cancel lands.
