@@ -63,7 +63,8 @@ async def serve_bare() -> None:
             await _answer(ws)
 
     async def _answer(ws: ServerConnection) -> None:
-        async for raw in ws:
+        async for message in ws:
+            raw = message if isinstance(message, str) else message.decode()
             if not raw.startswith(EVENTS_PREFIX):
                 # Only a driver sends these: answer its hello so its link opens; ignore the rest.
                 if json.loads(raw).get("type") == "hello":

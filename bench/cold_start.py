@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,10 @@ def _spawn(tmp: Path, url: str, n: int) -> subprocess.Popen[bytes]:
     )
 
 
+def _started_at_epoch(epoch: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["kind"] == "driver.started" and e["epoch"] == epoch
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -91,9 +96,7 @@ async def _main() -> None:
                 try:
                     await cp.wait_until(lambda: bool(seen) and cp.connected(INSTANCE), timeout=30)
                     hello_ms.append((seen[0] - t0) * 1000)
-                    started = await cp.wait_for_event(
-                        INSTANCE, lambda e, n=n: e["kind"] == "driver.started" and e["epoch"] == n, timeout=30
-                    )
+                    started = await cp.wait_for_event(INSTANCE, _started_at_epoch(n), timeout=30)
                     boot_ms.append(float(started["payload"]["timings"]["boot_ms"]))
                 finally:
                     if n < RUNS:
