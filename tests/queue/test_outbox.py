@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from driver.protocol.frames import Receipt, Rejection, encode_events_frame
@@ -437,3 +438,79 @@ async def test_a_crash_before_the_group_commit_loses_only_unsent_events(
         assert int(fresh.rsplit("/", 1)[1]) > max(int(i.rsplit("/", 1)[1]) for i in lost)
     finally:
         j2.close()
+
+
+async def test_concurrent_producer_writer_sender_and_lossy_control_plane(journal: Journal, clock: Clock) -> None:
+    """The async API as the kernel and link use it: a producer held back by a small outbox, the group
+    commit writer, a sender, and a control plane that stores a random part of each batch; time only
+    moves when every task is blocked. Everything admitted ends stored once, and `drained` returns."""
+    import random
+
+    rng = random.Random(20261129)
+    box = make(journal, clock, max_events=16)
+    stored: dict[str, dict[str, Any]] = {}
+    admitted: list[str] = []
+    batches: list[Batch] = []
+    got_batch = anyio.Event()
+
+    async def producer() -> None:
+        for i in range(120):
+            admitted.append(await box.admit("message.completed", msg(f"p{i}"), "lossless", "run-1"))
+            if i % 3 == 0:
+                await box.admit("message.delta", delta(f"d{i}"), "best_effort", "run-1")
+            if i % 7 == 0:
+                await anyio.lowlevel.checkpoint()
+
+    async def sender() -> None:
+        nonlocal got_batch
+        while True:
+            await box.wait_sendable()
+            batch = box.take_batch(rng.randint(1, 20), BIG)
+            if batch is None:
+                await anyio.lowlevel.checkpoint()
+                continue
+            batches.append(batch)
+            got_batch.set()
+
+    async def control_plane() -> None:
+        nonlocal got_batch
+        while True:
+            await got_batch.wait()
+            got_batch = anyio.Event()
+            while batches:
+                batch = batches.pop(0)
+                if rng.random() < 0.2:
+                    continue  # lost: no receipt, the batch times out
+                accepted = []
+                for event in events_of(batch):
+                    if event["event_id"] in stored or rng.random() < 0.6:
+                        assert stored.setdefault(event["event_id"], event) == event
+                        accepted.append(event["event_id"])
+                box.on_receipt(Receipt(batch=batch.number, accepted=accepted))
+
+    async def ticker() -> None:
+        while True:
+            await anyio.wait_all_tasks_blocked()
+            clock.now += 1.0
+            box.expire()
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(box.run)
+            tg.start_soon(sender)
+            tg.start_soon(control_plane)
+            tg.start_soon(ticker)
+            await producer()
+            await box.flush()
+            await box.drained()
+            tg.cancel_scope.cancel()
+    assert len(admitted) == 120
+    lossless_stored = [e for e in stored.values() if e["delivery"] == "lossless"]
+    assert sorted(e["event_id"] for e in lossless_stored) == sorted(admitted)
+    assert list(journal.pending()) == []
+    # Best-effort deltas (coalesced or not): each stored at most once, and stored + dropped = admitted.
+    pieces = [p for e in stored.values() if e["delivery"] == "best_effort" for p in e["payload"]["text"].split("d")]
+    pieces = [p for p in pieces if p]
+    assert len(pieces) == len(set(pieces))
+    assert len(pieces) + box.dropped_for_run("run-1") == 40
