@@ -11,6 +11,7 @@ connection is shared between that thread and the event loop.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
@@ -73,13 +74,18 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
         self._lock = threading.Lock()
+        # Create the file private before SQLite opens it: SQLite gives the -wal and -shm files (which hold
+        # the same event payloads) the database file's mode, so a later chmod alone would leave them 0644.
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600))
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: every commit fsyncs the WAL, so a receipt-less event survives power loss, not just a crash.
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(SCHEMA)
         self._counter = self._meta("touch_counter", 0)
-        path.chmod(0o600)
+        for private in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if private.exists():  # files left by an older process may predate the rule above
+                private.chmod(0o600)
 
     def close(self) -> None:
         with self._lock:

@@ -34,8 +34,11 @@ def ev(seq: int, kind: str = "message.completed", run_id: str | None = "run-1") 
     return JournaledEvent(seq, f"drv/1/{seq:06d}", run_id, kind, b'{"seq":%d}' % seq)
 
 
-def test_file_is_private(journal: Journal, path: Path) -> None:
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+def test_files_are_private(journal: Journal, path: Path) -> None:
+    journal.append([ev(1)])  # the WAL now holds an event payload
+    for name in (path.name, path.name + "-wal", path.name + "-shm"):
+        assert stat.S_IMODE((path.parent / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 def test_epoch_counts_processes_across_reopen(journal: Journal) -> None:
