@@ -171,6 +171,22 @@ async def test_batches_respect_max_events_and_go_oldest_first(box: Outbox) -> No
     assert box.take_batch(3, BIG) is None
 
 
+async def test_retried_events_go_before_newer_ones(box: Outbox, clock: Clock) -> None:
+    ids = await lossless(box, 4)
+    await box.flush()
+    first = take(box, 2)
+    take(box, 2)
+    box.on_receipt(Receipt(batch=first.number))  # nothing stored: ids 0 and 1 wait one backoff step
+    ids += await lossless(box, 1, text="new")
+    await box.flush()
+    assert ids_of(take(box)) == [ids[4]]
+    ids += await lossless(box, 1, text="newer")
+    await box.flush()
+    clock.now += 1.0
+    box.expire()
+    assert ids_of(take(box)) == [ids[0], ids[1], ids[5]]
+
+
 async def test_batches_respect_max_bytes(box: Outbox) -> None:
     await lossless(box, 10, text="z" * 150)
     await box.flush()
