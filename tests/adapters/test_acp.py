@@ -313,6 +313,19 @@ async def test_stubborn_fs_admission(tmp_path: Path, stopper: Any) -> None:
     assert out.final_message_text.startswith(f"read error: {m.RESOURCE_NOT_FOUND} file not found")
 
 
+async def test_stubborn_stop_reasons_and_prompt_errors(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    for reason in ("max_tokens", "max_turn_requests", "refusal"):
+        out = await h.run(f"[[say:partial]] [[stop:{reason}]]", f"run-{reason}")
+        assert (out.status, out.stop_reason, out.error_code) == ("failed", reason, reason)
+        assert out.final_message_text == "partial"
+    out = await h.run("[[say:so far]] [[error]]", "run-error")
+    assert (out.status, out.error_code) == ("failed", "provider.error")
+    assert out.error_message is not None and "scripted failure" in out.error_message
+    assert h.events.of("message.completed")[-1]["text"] == "so far"
+
+
 async def test_client_method_handler_directly(tmp_path: Path, stopper: Any) -> None:
     """The handler the agent calls, driven directly: unknown methods, bad params, output limits."""
     h = stopper(stubborn(tmp_path))

@@ -26,6 +26,8 @@ for an agent that has no model:
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
 - `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
+- `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
+- `[[error]]`: answer the prompt with a JSON-RPC error (after the reply);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
 Sessions it created can be loaded again with `session/load` (it advertises `loadSession`).
 
@@ -191,7 +193,11 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     else:
         finished = stream(session_id, reply, 3, 0.0)
     cancelled = not finished or (_cancelled[session_id].is_set() and not IGNORES_CANCEL)
-    send({"id": rid, "result": {"stopReason": "cancelled" if cancelled else "end_turn"}})
+    if "[[error]]" in text:
+        send({"id": rid, "error": {"code": -32603, "message": "stubborn agent: scripted failure"}})
+        return
+    stop = m.group(1) if (m := re.search(r"\[\[stop:(\w+)\]\]", text)) else "end_turn"
+    send({"id": rid, "result": {"stopReason": "cancelled" if cancelled else stop}})
 
 
 def auth_methods() -> list[dict[str, Any]]:
