@@ -505,6 +505,7 @@ class AcpAdapter(Adapter):
         if self._turn is None:
             return
         self._cancel_requested = True
+        self._turn.cancelling = True
         self._cancel_event.set()
         for scope in list(self._permission_scopes):
             scope.cancel()

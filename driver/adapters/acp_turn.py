@@ -88,6 +88,8 @@ class AcpTurn:
         self.malformed_updates = 0
         self.usage: dict[str, Any] | None = None
         self.declined = False  # a permission of this turn was rejected
+        # Set once a cancel was asked: a tool the agent then reports `failed` was stopped by it.
+        self.cancelling = False
 
     # ---- ids --------------------------------------------------------------------------------
 
@@ -239,7 +241,10 @@ class AcpTurn:
                 out.append(("tool.output.delta", {"tool_call_id": tool.id, "text": delta}))
         if tool.status in TOOL_TERMINAL:
             output = call.raw_output if call.raw_output is not None else (tool.text or None)
-            out.extend(self._complete_tool(tool.id, TOOL_TERMINAL[tool.status], output))
+            status = TOOL_TERMINAL[tool.status]
+            if status == "failed" and self.cancelling:
+                status = "cancelled"
+            out.extend(self._complete_tool(tool.id, status, output))
         return out
 
     def _complete_tool(self, tool_call_id: str, status: str, output: Any) -> list[Emit]:

@@ -751,7 +751,9 @@ async def test_real_cancel_mid_stream_and_while_permission_pending(agent: AgentF
     assert not (h.cwd / "notes.txt").exists()
     tool_id = h.permissions.requests[0].tool_call_id
     statuses = [p["status"] for p in h.events.of("tool.completed") if p["tool_call_id"] == tool_id]
-    assert len(statuses) == 1 and statuses[0] in ("cancelled", "failed")
+    # codex-acp reports nothing more (we close it cancelled); claude-agent-acp reports it failed,
+    # which after a cancel means cancelled.
+    assert statuses == ["cancelled"]
 
     # The session takes another turn after both cancels.
     assert (await h.run("[[say:still here]]", "run-3")).final_message_text == "still here"
