@@ -196,6 +196,12 @@ class AcpAdapter(Adapter):
             },
         )
         self.agent = self._decode(init, m.InitializeResult, "initialize")
+        if self.agent.protocol_version != m.PROTOCOL_VERSION:
+            # The agent answered with the version it speaks; we support only ours (ACP v1).
+            raise ProviderError(
+                "provider.protocol",
+                f"the acp agent speaks protocol version {self.agent.protocol_version}, not {m.PROTOCOL_VERSION}",
+            )
         if self._host is not None and not self.agent.agent_capabilities.mcp_capabilities.http:
             await self._config_warning("the acp agent takes no MCP server over http: host_tools are not offered")
         if (
