@@ -24,10 +24,11 @@ import anyio.lowlevel
 import msgspec
 
 from bench._common import boot_payload as make_payload
-from bench._common import goal, percentile, table
+from bench._common import goal, median, percentile, table
 from bench._servers import Child
 
 N_EVENTS = 30_000
+REPS = 3
 WARMUP_EVENTS = 2_000
 BATCH = 256  # the control plane's max_batch_events, which the driver's batches are cut to
 LATENCY_RATE = 1_000  # events per second
@@ -198,21 +199,26 @@ async def _main() -> None:
     from driver import logs
 
     logs.configure("error")
+    # Each throughput is measured REPS times, the variants interleaved, and the median kept: this
+    # machine is shared, and interleaving spreads any noise over all variants alike.
+    times: dict[str, list[float]] = {"cp": [], "alone": [], "nosync": [], "bare": []}
     with tempfile.TemporaryDirectory(prefix="bench-event-path-") as tmp_s:
         tmp = Path(tmp_s)
-        with Child("bare") as bare:
-            await ceiling(bare.port, WARMUP_EVENTS)
-            bare_s = await ceiling(bare.port, N_EVENTS)
-            # The driver's own share: the same driver against the bare receipt server (no CP store).
-            bare_url = f"ws://127.0.0.1:{bare.port}/"
-            alone_s = await DriverSide(tmp / "d0", bare_url, "drv-bench.0").run(_throughput)
-            nosync_s = await DriverSide(tmp / "d00", bare_url, "drv-bench.00", fsync=False).run(_throughput)
-            lat_alone = await DriverSide(tmp / "d01", bare_url, "drv-bench.01").run(_latency)
-        with Child("cp", str(tmp / "cp.sqlite3")) as cp:
+        with Child("bare") as bare, Child("cp", str(tmp / "cp.sqlite3")) as cp:
+            bare_url = f"ws://127.0.0.1:{bare.port}/"  # the driver alone: no CP store behind the receipts
             url = f"ws://127.0.0.1:{cp.port}/driver"
-            driver_s = await DriverSide(tmp / "d1", url, "drv-bench.1").run(_throughput)
-            lat = await DriverSide(tmp / "d2", url, "drv-bench.2").run(_latency)
+            await ceiling(bare.port, WARMUP_EVENTS)
+            for rep in range(REPS):
+                times["bare"].append(await ceiling(bare.port, N_EVENTS))
+                times["alone"].append(await DriverSide(tmp / f"a{rep}", bare_url, f"drv-a.{rep}").run(_throughput))
+                side = DriverSide(tmp / f"n{rep}", bare_url, f"drv-n.{rep}", fsync=False)
+                times["nosync"].append(await side.run(_throughput))
+                times["cp"].append(await DriverSide(tmp / f"c{rep}", url, f"drv-c.{rep}").run(_throughput))
+            lat_alone = await DriverSide(tmp / "la", bare_url, "drv-la").run(_latency)
+            lat = await DriverSide(tmp / "lc", url, "drv-lc").run(_latency)
 
+    bare_s, driver_s = median(times["bare"]), median(times["cp"])
+    alone_s, nosync_s = median(times["alone"]), median(times["nosync"])
     bare_rate = N_EVENTS / bare_s
     driver_rate = N_EVENTS / driver_s
     ratio = driver_rate / bare_rate
@@ -222,7 +228,7 @@ async def _main() -> None:
 
     size = len(_frames(1)[0]) - 40
     table(
-        f"event path: {N_EVENTS:,} lossless events of ~{size} bytes, batches of {BATCH}",
+        f"event path: {N_EVENTS:,} lossless events of ~{size} bytes, batches of {BATCH} (median of {REPS})",
         ["path", "seconds", "events/s", "vs ceiling"],
         [
             row("driver: emit → journal (fsync) → link → reference CP store (fsync) → receipt", driver_s),
