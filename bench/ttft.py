@@ -3,12 +3,12 @@
 Both sides talk to the same fake model endpoint (driver/testing), started in this process.
 - Claude: `ClaudeSDKClient` directly (connected once; clock from `query()` to the first text delta)
   vs the `agent-driver run` process with the `claude-agent-sdk` runtime (clock from the control
-  plane sending `input.start` to the first `message.delta` frame arriving at the control plane).
+  plane putting `input.start` on the wire to the first `message.delta` frame arriving there).
 - Codex: the Codex binary's `app-server` driven directly through our `JsonRpcPeer` (clock from
   `turn/start` to the first `item/agentMessage/delta`) vs the driver with the `openai-app-server`
   runtime, clocked as above.
-One warm-up turn each, then RUNS turns; the figure is the median (p50) and the goal is on the
-difference of medians.
+One warm-up turn each, then RUNS turns alternating direct and driven; the figure is the median (p50)
+and the goal is on the difference of medians.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,12 @@ PROMPT = "hello"
 
 # -- through the driver ----------------------------------------------------------------------------
 
+Turn = Callable[[], Awaitable[float]]  # one turn; returns its time to first token in ms
 
-async def through_driver(tmp: Path, runtime: str, execution: dict[str, Any]) -> list[float]:
-    """Milliseconds from `input.start` sent to the first `message.delta` frame received, per turn."""
+
+@asynccontextmanager
+async def through_driver(tmp: Path, runtime: str, execution: dict[str, Any]) -> AsyncIterator[Turn]:
+    """Turns from `input.start` on the wire to the first `message.delta` frame received, in ms."""
     from driver.controlplane.server import ControlPlane
 
     tmp.mkdir(parents=True, exist_ok=True)
@@ -53,27 +57,38 @@ async def through_driver(tmp: Path, runtime: str, execution: dict[str, Any]) -> 
             return await on_frame(link, raw)
 
         cp._on_frame = timed  # type: ignore[method-assign]
+        # The clock starts when the command frame goes on the wire, not when the CP stores it.
+        sent: dict[str, float] = {}
+        send_command = cp._send_command
+
+        async def timed_send(link: Any, cmd: dict[str, Any]) -> None:
+            sent.setdefault(cmd["command_id"], time.perf_counter())
+            await send_command(link, cmd)
+
+        cp._send_command = timed_send  # type: ignore[method-assign]
         boot = tmp / "boot.json"
         boot.write_text(json.dumps(make_payload(tmp, cp.url, runtime=runtime, **execution)))
         boot.chmod(0o600)
         proc = _spawn_driver(boot, tmp / "driver.stderr")
+        turns = 0
+
+        async def turn() -> float:
+            nonlocal turns
+            turns += 1
+            run_id = f"run-{turns}"
+            watching.clear()
+            watching[run_id] = 0.0
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": PROMPT})
+            status = await cp.wait_for_command_status(cid, timeout=60)
+            if status["status"] != "completed" or not watching[run_id]:
+                raise RuntimeError(f"{runtime}: turn {run_id} ended {status['status']} without a delta")
+            return (watching[run_id] - sent[cid]) * 1000
+
         try:
             started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=120)
             if started["payload"]["timings"]["provider_start_ms"] is None:
                 raise RuntimeError(f"{runtime}: the provider did not start; see {tmp / 'driver.stderr'}")
-            out: list[float] = []
-            for i in range(RUNS + 1):
-                run_id = f"run-{i}"
-                watching.clear()
-                watching[run_id] = 0.0
-                t0 = time.perf_counter()
-                cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": PROMPT})
-                status = await cp.wait_for_command_status(cid, timeout=60)
-                if status["status"] != "completed" or not watching[run_id]:
-                    raise RuntimeError(f"{runtime}: turn {run_id} ended {status['status']} without a delta")
-                if i:
-                    out.append((watching[run_id] - t0) * 1000)
-            return out
+            yield turn
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -99,7 +114,8 @@ def _spawn_driver(boot: Path, stderr: Path) -> subprocess.Popen[bytes]:
 # -- Claude directly ---------------------------------------------------------------------------------
 
 
-async def claude_direct(tmp: Path, base_url: str) -> list[float]:
+@asynccontextmanager
+async def claude_direct(tmp: Path, base_url: str) -> AsyncIterator[Turn]:
     import claude_agent_sdk as sdk
 
     from driver.adapters.claude_options import provider_environment
@@ -119,24 +135,24 @@ async def claude_direct(tmp: Path, base_url: str) -> list[float]:
     )
     client = sdk.ClaudeSDKClient(options)
     await client.connect()
-    out: list[float] = []
+
+    async def turn() -> float:
+        first: float | None = None
+        t0 = time.perf_counter()
+        await client.query(PROMPT)
+        async for message in client.receive_response():
+            if first is None and isinstance(message, sdk.StreamEvent):
+                ev = message.event
+                if ev.get("type") == "content_block_delta" and ev.get("delta", {}).get("type") == "text_delta":
+                    first = time.perf_counter()
+        if first is None:
+            raise RuntimeError("claude: a turn ended without a text delta")
+        return (first - t0) * 1000
+
     try:
-        for i in range(RUNS + 1):
-            first: float | None = None
-            t0 = time.perf_counter()
-            await client.query(PROMPT)
-            async for message in client.receive_response():
-                if first is None and isinstance(message, sdk.StreamEvent):
-                    ev = message.event
-                    if ev.get("type") == "content_block_delta" and ev.get("delta", {}).get("type") == "text_delta":
-                        first = time.perf_counter()
-            if first is None:
-                raise RuntimeError("claude: a turn ended without a text delta")
-            if i:
-                out.append((first - t0) * 1000)
+        yield turn
     finally:
         await client.disconnect()
-    return out
 
 
 def _claude_env(base_url: str) -> dict[str, str]:
@@ -154,7 +170,8 @@ def _codex_execution(base_url: str) -> dict[str, Any]:
     }
 
 
-async def codex_direct(tmp: Path, base_url: str) -> list[float]:
+@asynccontextmanager
+async def codex_direct(tmp: Path, base_url: str) -> AsyncIterator[Turn]:
     import msgspec
 
     from driver.adapters.codex import codex_binary
@@ -182,7 +199,6 @@ async def codex_direct(tmp: Path, base_url: str) -> list[float]:
     done = anyio.Event()
 
     async def on_notification(method: str, params: Any) -> None:
-        nonlocal done
         if method == "item/agentMessage/delta" and not first:
             first.append(time.perf_counter())
         elif method == "turn/completed":
@@ -199,24 +215,19 @@ async def codex_direct(tmp: Path, base_url: str) -> list[float]:
         on_request=on_request,
         on_notification=on_notification,
     )
-    out: list[float] = []
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(peer.run)
             with anyio.fail_after(60):
                 await peer.request("initialize", {"clientInfo": {"name": "bench", "version": "0"}})
                 await peer.notify("initialized")
-                thread = await peer.request(
-                    "thread/start",
-                    {
-                        "cwd": str(cwd),
-                        "model": settings.model,
-                        "approvalPolicy": settings.approval_policy,
-                        "sandbox": settings.sandbox,
-                    },
-                )
+                params = {"cwd": str(cwd), "model": settings.model}
+                params |= {"approvalPolicy": settings.approval_policy, "sandbox": settings.sandbox}
+                thread = await peer.request("thread/start", params)
             thread_id = thread["thread"]["id"]
-            for i in range(RUNS + 1):
+
+            async def turn() -> float:
+                nonlocal done
                 first.clear()
                 done = anyio.Event()
                 t0 = time.perf_counter()
@@ -227,27 +238,35 @@ async def codex_direct(tmp: Path, base_url: str) -> list[float]:
                     await done.wait()
                 if not first:
                     raise RuntimeError("codex: a turn ended without a delta")
-                if i:
-                    out.append((first[0] - t0) * 1000)
+                return (first[0] - t0) * 1000
+
+            yield turn
             tg.cancel_scope.cancel()
     finally:
         await proc.terminate()
-    return out
 
 
 # -- main ----------------------------------------------------------------------------------------------
 
 
 async def _pair(
-    name: str,
-    direct: Callable[[], Awaitable[list[float]]],
-    driven: Callable[[], Awaitable[list[float]]],
+    name: str, direct: AbstractAsyncContextManager[Turn], driven: AbstractAsyncContextManager[Turn]
 ) -> tuple[list[float], list[float]] | None:
+    """Both sessions open at once; one warm-up turn each, then RUNS turns alternating direct and
+    driven, so load changes on this shared machine hit both alike."""
+    d: list[float] = []
+    v: list[float] = []
     try:
-        return await direct(), await driven()
+        async with direct as direct_turn, driven as driven_turn:
+            await direct_turn()
+            await driven_turn()
+            for _ in range(RUNS):
+                d.append(await direct_turn())
+                v.append(await driven_turn())
     except Exception as exc:  # a provider that cannot run here is reported, not fatal to the others
         print(f"\n{name}: not measured: {type(exc).__name__}: {exc}")
         return None
+    return d, v
 
 
 async def _main() -> None:
@@ -263,8 +282,8 @@ async def _main() -> None:
         with FakeAnthropic() as fake:
             claude = await _pair(
                 "claude",
-                lambda: claude_direct(tmp / "claude-direct", fake.base_url),
-                lambda: through_driver(
+                claude_direct(tmp / "claude-direct", fake.base_url),
+                through_driver(
                     tmp / "claude-driver",
                     "claude-agent-sdk",
                     {"model": "claude-sonnet-4-5", "environment": _claude_env(fake.base_url)},
@@ -289,10 +308,8 @@ async def _main() -> None:
             with FakeResponses() as fake_r:
                 codex = await _pair(
                     "codex",
-                    lambda: codex_direct(tmp / "codex-direct", fake_r.base_url),
-                    lambda: through_driver(
-                        tmp / "codex-driver", "openai-app-server", _codex_execution(fake_r.base_url)
-                    ),
+                    codex_direct(tmp / "codex-direct", fake_r.base_url),
+                    through_driver(tmp / "codex-driver", "openai-app-server", _codex_execution(fake_r.base_url)),
                 )
             if codex is not None:
                 d, v = codex
