@@ -9,10 +9,8 @@ The agent calls us back for permissions, files and terminals; each incoming requ
 task (the JSON-RPC peer does that), so a permission waiting for a human never stalls the stream.
 
 Permission policy. ACP has no standard "never ask" switch; agents expose session modes instead. We
-pick a mode by well-known id (`provider_options.mode` overrides): under `full_access` the first of
-FULL_ACCESS_MODES the agent offers, under `supervised` the first of SUPERVISED_MODES (Claude's agent
-defaults to `auto`, which decides by itself). If a `full_access` agent asks anyway, we allow by
-option kind without bothering the control plane.
+pick a mode by well-known id (see acp_session.wanted_mode; `provider_options.mode` overrides). If a
+`full_access` agent asks anyway, we allow by option kind without bothering the control plane.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import anyio
 import msgspec
 import structlog
 
-from driver.adapters import acp_fs
+from driver.adapters import acp_fs, acp_permissions, acp_session
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalError, TerminalManager
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
@@ -37,28 +35,19 @@ from driver.adapters.base import (
     AdapterConfig,
     PathNotAllowed,
     PermissionDecision,
-    PermissionOption,
-    PermissionRequest,
     Ports,
     ProviderError,
     TurnOutcome,
 )
 from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
-from driver.ports.mcp_host import SERVER_NAME as HOST_SERVER_NAME
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-FULL_ACCESS_MODES: tuple[str, ...] = ("bypassPermissions", "full-access", "yolo")
-SUPERVISED_MODES: tuple[str, ...] = ("default",)
-ALLOW_KINDS: tuple[str, ...] = ("allow_once", "allow_always")
-REJECT_KINDS: tuple[str, ...] = ("reject_once", "reject_always")
-OPTION_KINDS: frozenset[str] = frozenset(ALLOW_KINDS + REJECT_KINDS)
 FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
-CANCELLED_OUTCOME: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
 CANCEL_RESENDS = 3
 CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s
 
@@ -89,6 +78,8 @@ class AcpAdapter(Adapter):
         self._peer_task: asyncio.Task[None] | None = None
         self._terminals: TerminalManager | None = None
         self._host: McpHostServer | None = None
+        self._setup_warnings: list[str] = []
+        self._warned: set[str] = set()
         self._session_id: str | None = None
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
@@ -231,20 +222,19 @@ class AcpAdapter(Adapter):
         )
 
     def _session_params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"cwd": str(self._cwd), "mcpServers": self._mcp_servers()}
-        extra = list(self.config.session.additional_directories)
-        if self.config.session.memory_dir:
-            extra.append(self.config.session.memory_dir)
         assert self.agent is not None
-        capabilities = self.agent.agent_capabilities.session_capabilities
-        if extra and capabilities.additional_directories is not None:
-            params["additionalDirectories"] = extra
-        system_prompt = self.config.execution.system_prompt
-        if system_prompt and capabilities.system_prompt is not None:
-            # `append` keeps the agent's own instructions (tool use, safety); every agent that
-            # advertises the capability supports it.
-            params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": system_prompt}]}
-        return params
+        host = acp_session.HostServer(self._host.url, self._host.token) if self._host is not None else None
+        execution = self.config.execution
+        return acp_session.session_params(
+            self._cwd, self.config.session, execution, self.agent, host, self._setup_warnings
+        )
+
+    async def _report_setup_warnings(self) -> None:
+        warnings, self._setup_warnings = self._setup_warnings, []
+        for warning in dict.fromkeys(warnings):
+            if warning not in self._warned:
+                self._warned.add(warning)
+                await self._config_warning(warning)
 
     async def _new_session(self) -> str:
         params = self._session_params()
@@ -257,6 +247,7 @@ class AcpAdapter(Adapter):
             raw = await self._call("session/new", params)
         result = self._decode(raw, m.NewSessionResult, "session/new")
         await self._session_opened(result.session_id, result.modes, result.config_options)
+        await self._report_setup_warnings()
         return result.session_id
 
     async def _load_session(self, session_id: str) -> bool:
@@ -268,6 +259,7 @@ class AcpAdapter(Adapter):
             return False
         result = self._decode(raw or {}, m.LoadSessionResult, "session/load")
         await self._session_opened(session_id, result.modes, result.config_options)
+        await self._report_setup_warnings()
         return True
 
     async def _session_opened(
@@ -284,89 +276,33 @@ class AcpAdapter(Adapter):
             )
 
     async def _apply_model(self, config_options: list[m.ConfigOption]) -> None:
-        """ACP has no standard model field: agents offer a `configOptions` selector of category
-        "model". Use it when execution.model is one of its values; otherwise the agent's default
-        (or its own configuration, e.g. CODEX_HOME's config.toml) stays."""
-        model = self.config.execution.model
-        selector = next((o for o in config_options if o.category == "model" or o.id == "model"), None)
-        if not model or selector is None or selector.current_value == model:
+        choice = acp_session.model_choice(self.config.execution.model, config_options)
+        if choice is None:
+            if self.config.execution.model:
+                log.info("acp.model_not_selectable", model=self.config.execution.model)
             return
-        if model not in selector.values():
-            log.info("acp.model_not_offered", model=model, offered=selector.values())
-            return
+        config_id, value = choice
         await self._try_call(
-            "session/set_config_option", {"sessionId": self._session_id, "configId": selector.id, "value": model}
+            "session/set_config_option", {"sessionId": self._session_id, "configId": config_id, "value": value}
         )
 
     async def _apply_mode(self, modes: m.SessionModeState | None) -> None:
-        if modes is None:
-            return
-        available = [mode.id for mode in modes.available_modes]
-        wanted = self.config.execution.provider_options.get("mode")
-        if not isinstance(wanted, str):
-            preferred = (
-                FULL_ACCESS_MODES if self.config.execution.permission_policy == "full_access" else SUPERVISED_MODES
-            )
-            wanted = next((mode for mode in preferred if mode in available), None)
-        if wanted and wanted != modes.current_mode_id:
+        wanted = acp_session.wanted_mode(self.config.execution, modes)
+        if wanted is not None:
             await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
 
     async def _authenticate(self) -> None:
         assert self.agent is not None
-        env = self._env()
-        env_methods = [a for a in self.agent.auth_methods if a.type == "env_var"]
-        for method in env_methods:
-            if method.vars and all(env.get(v.name) for v in method.vars):
-                try:
-                    await self._call("authenticate", {"methodId": method.id})
-                except JsonRpcError as exc:
-                    raise ProviderError(
-                        "provider.auth_failed", f"authenticate with {method.id!r} failed: {exc.message}"
-                    ) from None
-                return
-        wanted = sorted({v.name for a in env_methods for v in a.vars})
-        hint = (
-            f"set one of {', '.join(wanted)} in execution.environment"
-            if wanted
-            else "it offers no environment-variable method (" + ", ".join(a.id for a in self.agent.auth_methods) + ")"
-        )
-        raise ProviderError("provider.auth_required", f"the acp agent requires authentication: {hint}")
-
-    def _mcp_servers(self) -> list[dict[str, Any]]:
-        """PROTOCOL §6.3 entries in ACP's shapes; header values come from execution.environment."""
-        environment = self.config.execution.environment
-        servers: list[dict[str, Any]] = []
-        assert self.agent is not None
-        http_ok = self.agent.agent_capabilities.mcp_capabilities.http
-        host = self._host
-        if host is not None and http_ok:
-            auth = {"name": "Authorization", "value": f"Bearer {host.token}"}
-            servers.append({"type": "http", "name": HOST_SERVER_NAME, "url": host.url, "headers": [auth]})
-        for server in self.config.execution.mcp_servers:
-            if host is not None and server.name == HOST_SERVER_NAME:
-                log.warning("acp.mcp_name_reserved", server=server.name)
-                continue
-            if server.transport == "stdio":
-                servers.append(
-                    {
-                        "name": server.name,
-                        "command": server.command[0] if server.command else "",
-                        "args": server.command[1:],
-                        "env": [{"name": k, "value": v} for k, v in server.env.items()],
-                    }
-                )
-                continue
-            if not http_ok:
-                log.warning("acp.mcp_http_unsupported", server=server.name)
-                continue
-            headers = []
-            for header, var in server.headers_from_env.items():
-                if var in environment:
-                    headers.append({"name": header, "value": environment[var]})
-                else:
-                    log.warning("acp.mcp_header_missing", server=server.name, header=header, variable=var)
-            servers.append({"type": "http", "name": server.name, "url": server.url or "", "headers": headers})
-        return servers
+        method = acp_session.env_auth_method(self.agent, self._env())
+        if method is None:
+            hint = acp_session.auth_hint(self.agent)
+            raise ProviderError("provider.auth_required", f"the acp agent requires authentication: {hint}")
+        try:
+            await self._call("authenticate", {"methodId": method.id})
+        except JsonRpcError as exc:
+            raise ProviderError(
+                "provider.auth_failed", f"authenticate with {method.id!r} failed: {exc.message}"
+            ) from None
 
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._session_id
@@ -556,36 +492,26 @@ class AcpAdapter(Adapter):
         call = req.tool_call
         turn = self._turn
         if turn is None or self._cancel_requested:
-            return CANCELLED_OUTCOME
+            return acp_permissions.CANCELLED
         await self._emit_all(turn.announce_tool(call))
-        offered = [o for o in req.options if o.kind in OPTION_KINDS]
+        options = acp_permissions.offered(req.options)
         if self.config.execution.permission_policy == "full_access":
-            chosen = _pick(offered, ALLOW_KINDS)
+            chosen = acp_permissions.pick(options, acp_permissions.ALLOW_KINDS)
             log.info("acp.permission_auto_allowed", tool_call_id=call.tool_call_id, allowed=chosen is not None)
-            return _selected(chosen) if chosen else CANCELLED_OUTCOME
-        request = PermissionRequest(
-            tool_call_id=call.tool_call_id,
-            title=call.title or call.kind or "permission requested",
-            options=tuple(PermissionOption(o.option_id, o.kind, o.name) for o in offered),  # type: ignore[arg-type]
-            tool_name=call.name or call.kind or "",
-            tool_input=call.raw_input,
-        )
+            return acp_permissions.selected(chosen)
         decision: PermissionDecision | None = None
         with anyio.CancelScope() as scope:
             self._permission_scopes.add(scope)
             try:
-                decision = await self.ports.permissions.request(request)
+                decision = await self.ports.permissions.request(acp_permissions.to_request(call, options))
             finally:
                 self._permission_scopes.discard(scope)
-        if decision is None or decision.outcome == "cancelled" or self._cancel_requested:
-            return CANCELLED_OUTCOME
-        if decision.outcome == "allowed":
-            chosen = _choose(offered, decision, ALLOW_KINDS)
-            return _selected(chosen) if chosen else CANCELLED_OUTCOME
-        # rejected or timed_out: both are a rejection to the agent (PROTOCOL §6.2).
-        chosen = _choose(offered, decision, REJECT_KINDS)
-        await self._emit_all(turn.decline_tool(call.tool_call_id))
-        return _selected(chosen) if chosen else CANCELLED_OUTCOME
+        if decision is None or self._cancel_requested:
+            return acp_permissions.CANCELLED
+        outcome, rejected = acp_permissions.answer(options, decision)
+        if rejected:
+            await self._emit_all(turn.decline_tool(call.tool_call_id))
+        return outcome
 
     async def _terminal(self, method: str, params: Any) -> Any:
         terminals = self._terminals
@@ -710,28 +636,3 @@ class AcpAdapter(Adapter):
                 details={"stderr_tail": proc.stderr_tail(), "exit_code": code, "method": method},
             )
         return answer.get("result")
-
-
-def _pick(options: list[m.PermissionOption], kinds: tuple[str, ...]) -> m.PermissionOption | None:
-    for kind in kinds:
-        for option in options:
-            if option.kind == kind:
-                return option
-    return None
-
-
-def _choose(
-    options: list[m.PermissionOption], decision: PermissionDecision, kinds: tuple[str, ...]
-) -> m.PermissionOption | None:
-    """The option the decision names if it was offered and has the right kind; else one by kind."""
-    for option in options:
-        if option.option_id == decision.option_id and option.kind in kinds:
-            return option
-    if decision.option_kind in kinds:
-        preferred = (decision.option_kind, *kinds)
-        return _pick(options, preferred)
-    return _pick(options, kinds)
-
-
-def _selected(option: m.PermissionOption) -> dict[str, Any]:
-    return {"outcome": {"outcome": "selected", "optionId": option.option_id}}

@@ -45,6 +45,7 @@ import anyio.lowlevel
 import pytest
 
 from driver.adapters import acp_models as m
+from driver.adapters import acp_permissions, acp_session
 from driver.adapters.acp import AcpAdapter
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
@@ -239,6 +240,56 @@ def test_turn_declined_tool_is_completed_once() -> None:
     # The agent then reports the tool failed: no second terminal for it.
     assert turn.feed({"sessionUpdate": "tool_call_update", "toolCallId": "t9", "status": "failed"}) == []
     assert turn.finish("end_turn") == []
+
+
+def test_permission_answers_by_kind() -> None:
+    options = acp_permissions.offered(
+        [
+            m.PermissionOption(option_id="z", kind="reject_once", name="No"),
+            m.PermissionOption(option_id="y", kind="allow_always", name="Always"),
+            m.PermissionOption(option_id="x", kind="allow_once", name="Yes"),
+            m.PermissionOption(option_id="w", kind="something_new", name="?"),
+        ]
+    )
+    assert [o.option_id for o in options] == ["z", "y", "x"]
+    selected = lambda oid: ({"outcome": {"outcome": "selected", "optionId": oid}}, False)  # noqa: E731
+    # The option the decision names, when offered with a fitting kind.
+    assert acp_permissions.answer(options, PermissionDecision("allowed", "y", "allow_always")) == selected("y")
+    # A foreign id: by the decision's kind, then the first allow kind.
+    assert acp_permissions.answer(options, PermissionDecision("allowed", "nope", "allow_always")) == selected("y")
+    assert acp_permissions.answer(options, PermissionDecision("allowed", None)) == selected("x")
+    # An allow decision naming a reject option is not honoured as a rejection.
+    assert acp_permissions.answer(options, PermissionDecision("allowed", "z")) == selected("x")
+    assert acp_permissions.answer(options, PermissionDecision("timed_out", None)) == (
+        {"outcome": {"outcome": "selected", "optionId": "z"}},
+        True,
+    )
+    assert acp_permissions.answer(options, PermissionDecision("cancelled", None)) == (acp_permissions.CANCELLED, False)
+    # Nothing to reject with: cancelled, the outcome every agent accepts.
+    allow_only = [o for o in options if o.kind.startswith("allow")]
+    assert acp_permissions.answer(allow_only, PermissionDecision("rejected", None)) == (acp_permissions.CANCELLED, True)
+
+
+def test_session_mode_and_model_choice() -> None:
+    modes = m.SessionModeState(
+        current_mode_id="auto",
+        available_modes=[m.SessionMode(id=i) for i in ("default", "auto", "bypassPermissions")],
+    )
+    supervised = ExecutionConfig(revision="r", runtime="acp")
+    full = ExecutionConfig(revision="r", runtime="acp", permission_policy="full_access")
+    chosen = ExecutionConfig(revision="r", runtime="acp", provider_options={"mode": "auto"})
+    assert acp_session.wanted_mode(supervised, modes) == "default"
+    assert acp_session.wanted_mode(full, modes) == "bypassPermissions"
+    assert acp_session.wanted_mode(chosen, modes) is None  # already current
+    selector = m.ConfigOption(
+        id="model",
+        category="model",
+        current_value="a",
+        options=[{"value": "a"}, {"group": "more", "options": [{"value": "b"}]}],
+    )
+    assert acp_session.model_choice("b", [selector]) == ("model", "b")
+    assert acp_session.model_choice("a", [selector]) is None
+    assert acp_session.model_choice("zzz", [selector]) is None
 
 
 # ---- our own stubborn agent: client methods and misbehaviour ----------------------------------
@@ -541,6 +592,9 @@ async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path,
     assert params["additionalDirectories"] == [str(extra), str(memory)]
     host = h.adapter._host
     assert host is not None
+    assert [d["message"] for d in h.events.of("diagnostic.reported")] == [
+        "mcp server 'host': the name is reserved for host_tools; skipped"
+    ]
     assert params["mcpServers"] == [
         {
             "type": "http",
