@@ -183,3 +183,48 @@ def test_run_terminal_in_append_clears_the_active_run(journal: Journal) -> None:
     j.run_ended("run-2")
     assert j.active_runs() == []
     j.close()
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from driver.queue.journal import Journal, JournaledEvent
+j = Journal(Path(sys.argv[1]))
+j.bump_epoch()
+j.run_started("run-1", "cmd-1", "2026-11-29T10:00:00.000Z")
+seq = 0
+while True:
+    seq += 1
+    j.append([JournaledEvent(seq, "drv/1/%06d" % seq, "run-1", "message.completed", b"x" * 100)])
+    print(seq, flush=True)  # only after the commit returned
+"""
+
+
+def test_committed_events_survive_a_sigkill(path: Path) -> None:
+    """A real process killed mid-stream: every append it saw committed is there for the next one."""
+    import subprocess
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    assert child.stdout is not None
+    try:
+        seen = 0
+        while seen < 50:
+            line = child.stdout.readline()
+            assert line, "the child died before writing"
+            seen = int(line)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    j = Journal(path, synchronous="OFF")
+    try:
+        seqs = [p[0] for p in j.pending()]
+        assert seqs[:seen] == list(range(1, seen + 1))
+        assert seqs == list(range(1, len(seqs) + 1)), "a torn or reordered tail"
+        assert j.active_runs() == [("run-1", "cmd-1")]
+        assert j.bump_epoch() == 2
+    finally:
+        j.close()
