@@ -22,8 +22,9 @@ import msgspec
 
 from driver import __version__, logs
 from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError, TurnOutcome
+from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import provider_env
-from driver.adapters.registry import adapter_class
+from driver.adapters.registry import capabilities_of
 from driver.ports import artifacts, skills
 from driver.ports.files import AllowedRoots
 from driver.ports.host_tools import HostToolBroker, HostToolCommandError
@@ -164,7 +165,8 @@ class Kernel:
         roots = [boot.session.memory_dir, *boot.session.additional_directories]
         self.files = AllowedRoots(boot.session.cwd, roots)
         self.ports = Ports(self, self.permissions, self.host_tools, self.files)
-        self.adapter_cls = adapter_class(ex.runtime)
+        # Static: `hello` is built before the adapter's module (and its SDK) is imported.
+        self.capabilities = capabilities_of(ex.runtime)
         opts = self.options
         self.supervisor = ProviderSupervisor(
             self._new_adapter,
@@ -206,7 +208,7 @@ class Kernel:
             traceparent=boot.traceparent,
             env=env,
         )
-        return self.adapter_cls(config, self.ports)
+        return DeferredAdapter(config, self.ports)
 
     async def _provider_exited(self, adapter: Adapter) -> None:
         """The provider process exited on its own. During a run, its adapter normally raises
@@ -283,7 +285,7 @@ class Kernel:
     # -- frames ---------------------------------------------------------------------------------------
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
-        caps = [Capability(c, c in self.adapter_cls.capabilities) for c in _ALL_CAPS]
+        caps = [Capability(c, c in self.capabilities) for c in _ALL_CAPS]
         return encode(
             Hello(
                 protocol=PROTOCOL_VERSION,
@@ -873,7 +875,7 @@ class Kernel:
                 "epoch": self.epoch,
                 "revision": self.boot.execution.revision,
                 "runtime": self.boot.execution.runtime,
-                "capabilities": [{"id": c, "supported": c in self.adapter_cls.capabilities} for c in _ALL_CAPS],
+                "capabilities": [{"id": c, "supported": c in self.capabilities} for c in _ALL_CAPS],
                 "timings": timings,
             },
         )

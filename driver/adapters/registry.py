@@ -13,6 +13,21 @@ ADAPTERS: dict[str, str] = {
 }
 
 
+_STREAMS = frozenset({"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage"})
+
+# What each runtime's adapter declares, readable without importing it (the `hello` frame is built
+# before any provider SDK is loaded). tests/adapters/test_registry.py keeps it equal to the classes'.
+CAPABILITIES: dict[str, frozenset[str]] = {
+    "claude-agent-sdk": _STREAMS | {"host_tools"},
+    "openai-app-server": _STREAMS | {"host_tools", "file_change"},
+    "acp": _STREAMS | {"host_tools", "file_change"},
+}
+
+
+def capabilities_of(runtime: str) -> frozenset[str]:
+    return CAPABILITIES.get(runtime, frozenset())
+
+
 def adapter_class(runtime: str) -> type[Adapter]:
     try:
         target = ADAPTERS[runtime]

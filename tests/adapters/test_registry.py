@@ -1,0 +1,32 @@
+"""The registry's static capability table matches what each adapter class declares, and loading is lazy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from driver.adapters.registry import ADAPTERS, CAPABILITIES, adapter_class
+
+
+@pytest.mark.parametrize("runtime", sorted(ADAPTERS))
+def test_static_capabilities_match_the_class(runtime: str) -> None:
+    assert adapter_class(runtime).capabilities == CAPABILITIES[runtime]
+    assert adapter_class(runtime).runtime == runtime
+
+
+def test_unknown_runtime_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown runtime 'nope'"):
+        adapter_class("nope")
+
+
+def test_kernel_import_does_not_load_any_provider_sdk() -> None:
+    code = (
+        "import sys, driver.kernel, driver.link, driver.cli\n"
+        "loaded = [m for m in ('claude_agent_sdk', 'openai', 'driver.adapters.claude', 'driver.adapters.codex',"
+        " 'driver.adapters.acp') if m in sys.modules]\n"
+        "print(','.join(loaded))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
