@@ -105,7 +105,10 @@ class LinkCore:
         self.opened_at = None
         self.welcome = None
         if was_open_for >= STABLE_AFTER_S:
-            self._delays = self.backoff_factory()  # a link that stayed up a minute resets the backoff
+            # A link that stayed up a minute resets the backoff, and the protocol-violation streak
+            # (five 4400s spread over days of healthy links are not "in a row").
+            self._delays = self.backoff_factory()
+            self.violations_in_a_row = 0
         reaction = CLOSE_CODES.get(code, TRANSIENT) if code is not None else TRANSIENT
         if code == 4400:
             self.violations_in_a_row += 1

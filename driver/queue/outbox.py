@@ -114,6 +114,7 @@ class Outbox:
         self._in_flight: dict[int, tuple[float, list[int], list[BestEffortEvent]]] = {}
         self._unsynced: list[_Entry] = []
         self._to_delete: list[int] = []
+        self._deleting = 0
         self._bytes = 0
         self._resident = 0
         self._batch_no = 0
@@ -214,7 +215,11 @@ class Outbox:
                     self._resident -= e.size
             self._sendable.set()
         if deletes:
-            await anyio.to_thread.run_sync(self.journal.delete, deletes)
+            self._deleting += 1  # `drained()` waits for these too: "drained" means gone from disk
+            try:
+                await anyio.to_thread.run_sync(self.journal.delete, deletes)
+            finally:
+                self._deleting -= 1
         self._check_drained()
 
     # -- sending ------------------------------------------------------------------------------------
@@ -398,14 +403,14 @@ class Outbox:
         return self._receipt_outcomes.pop(event_id, "accepted")
 
     def _check_drained(self) -> None:
-        if not self._entries and not self._unsynced:
+        if not self._entries and not self._unsynced and not self._to_delete and not self._deleting:
             # Wake every waiter, and start a fresh event for the next time the outbox empties.
             self._drained.set()
             self._drained = anyio.Event()
 
     async def drained(self) -> None:
         """Wait until no lossless event is left without a receipt (and the deletions are journaled)."""
-        while self._entries or self._unsynced or self._to_delete:
+        while self._entries or self._unsynced or self._to_delete or self._deleting:
             await self._drained.wait()
 
     # -- statistics ---------------------------------------------------------------------------------

@@ -84,6 +84,18 @@ def test_another_close_breaks_the_run_of_violations() -> None:
     assert not core.closed(4400, 1.0).reconnect
 
 
+def test_a_link_that_stayed_up_a_minute_resets_the_run_of_violations() -> None:
+    core = LinkCore()
+    for _ in range(4):
+        assert core.closed(4400, 1.0).reconnect
+    core.connected(100.0)
+    core.frame(Welcome(connection_id="c"), 100.0)
+    assert core.closed(4400, 100.0 + 61.0).reconnect  # a streak of 1, not 5
+    for _ in range(3):
+        assert core.closed(4400, 200.0).reconnect
+    assert not core.closed(4400, 200.0).reconnect
+
+
 # -- handshake ----------------------------------------------------------------------------------------
 def test_welcome_opens_the_link_and_sets_the_heartbeat() -> None:
     core = LinkCore()
