@@ -699,6 +699,14 @@ def agent(request: pytest.FixtureRequest, stopper: Any) -> AgentFactory:
     return AgentFactory(request.param, request, stopper)
 
 
+def last_request_with(fake: Any, text: str) -> dict[str, Any]:
+    """The latest agent-loop model request (one offering tools) mentioning `text`. A fake serves
+    several tests, and Claude Code also sends tool-less side requests (a session title) quoting the
+    user's text."""
+    found: dict[str, Any] = next(r for r in reversed(fake.requests) if r.get("tools") and text in json.dumps(r))
+    return found
+
+
 async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any]) -> TurnOutcome:
     """Start a turn, wait for the first event of `kind`, call `action`, return the turn's outcome."""
     outcome: list[TurnOutcome] = []
@@ -729,8 +737,9 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
     out = await h.run("[[think]] [[say:The sky is teal today.]]")
     assert out.status == "completed" and out.stop_reason == "end_turn"
     assert out.final_message_text == "The sky is teal today."
-    assert model in h.fake.requests[-1]["model"]
-    sent_system = "lighthouse keeper" in json.dumps(h.fake.requests[-1].get("system"))
+    turn_request = last_request_with(h.fake, "The sky is teal today.")
+    assert model in turn_request["model"]
+    sent_system = "lighthouse keeper" in json.dumps(turn_request.get("system"))
     assert sent_system == (agent.name == "claude-agent-acp")
     thoughts = h.events.of("thought.completed")
     assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
@@ -751,7 +760,7 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
     assert again.adapter.native_id == sid and again.events.of("runtime.session.reset") == []
     out = await again.run("[[say:resumed]]", "run-2")
     assert out.final_message_text == "resumed"
-    assert "The sky is teal today." in str(again.fake.requests[-1])
+    assert "The sky is teal today." in json.dumps(last_request_with(again.fake, "[[say:resumed]]"))
 
 
 @pytest.mark.provider
