@@ -518,6 +518,10 @@ class Kernel:
         self.outbox.watch(terminal_id)
         self.run = None
         self._fire("run_ended")
+        attempt = self.supervisor.attempt
+        if not attempt.done.is_set() or attempt.error is not None:
+            # The provider is being replaced (or failed to start): say "starting", not "ready".
+            self._fire("provider_lost")
         run.ended.set()
         self._last_activity = time.monotonic()
         if run.adapter is not None:
