@@ -240,7 +240,8 @@ class JsonRpcPeer:
             log.exception("jsonrpc.notification_handler_failed", peer=self.name, method=method)
 
     def _cancel_incoming(self, params: Any) -> None:
-        target = params.get("id") if isinstance(params, dict) else None
+        # ACP v1 names the cancelled request `requestId`; LSP-style peers use `id`. Accept both.
+        target = params.get("requestId", params.get("id")) if isinstance(params, dict) else None
         if isinstance(target, int | str):
             scope = self._incoming.get(target)
             if scope is not None:

@@ -59,7 +59,9 @@ def main() -> None:
             send({"id": "slow", "method": "block", "params": None})
             send({"id": "fast", "method": "quick", "params": None})
             fast = await_response("fast")
-            send({"method": CANCEL, "params": {"id": "slow"}})
+            # ACP v1 names the field `requestId`; LSP-style peers say `id`: the caller picks.
+            key = (params or {}).get("cancel_key", "id")
+            send({"method": CANCEL, "params": {key: "slow"}})
             slow = await_response("slow")
             send({"id": rid, "result": {"fast": fast, "slow": slow}})
         elif method == "ticks":

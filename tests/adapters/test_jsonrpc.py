@@ -109,7 +109,8 @@ async def test_unknown_method_without_handler_is_method_not_found() -> None:
         assert answer["error"]["code"] == -32601
 
 
-async def test_blocked_handler_does_not_block_reads_and_cancel_request_answers_32800() -> None:
+@pytest.mark.parametrize("cancel_key", ["id", "requestId"])
+async def test_blocked_handler_does_not_block_reads_and_cancel_request_answers_32800(cancel_key: str) -> None:
     blocked = anyio.Event()
 
     async def on_request(method: str, params: Any) -> Any:
@@ -120,7 +121,7 @@ async def test_blocked_handler_does_not_block_reads_and_cancel_request_answers_3
 
     async with _open(None, on_request) as h:
         with anyio.fail_after(10):
-            answer = await h.peer.request("ask_two")
+            answer = await h.peer.request("ask_two", {"cancel_key": cancel_key})
         assert blocked.is_set()
         assert answer["fast"] == {"id": "fast", "result": "quick answer"}
         assert answer["slow"]["id"] == "slow"
