@@ -391,7 +391,9 @@ class Kernel:
             return
         # New command: accept at once (within 1 s), remember it, then execute.
         self._in_progress[head.command_id] = fingerprint
-        self.journal.save_command(head.command_id, head.seq, fingerprint, "accepted", None)
+        await anyio.to_thread.run_sync(
+            self.journal.save_command, head.command_id, head.seq, fingerprint, "accepted", None
+        )
         await self._send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
         try:
             command = cmds.decode_command(raw)
@@ -476,7 +478,7 @@ class Kernel:
         run = Run(command.run_id, cid)
         self.run = run
         self._fire("run_started")
-        self.journal.run_started(run.run_id, cid, utc_now())
+        await anyio.to_thread.run_sync(self.journal.run_started, run.run_id, cid, utc_now())
         await self.emit(
             "run.started",
             {

@@ -33,8 +33,20 @@ log = logging.getLogger("driver.outbox")
 UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
 
 
+_second_cache: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO 8601 UTC with milliseconds, e.g. 2026-11-29T10:00:01.250Z.
+
+    Called for every event: the date-and-time part is formatted once per second and reused, which
+    makes this several times cheaper than datetime.isoformat on the hot path."""
+    global _second_cache
+    now = time.time()
+    second = int(now)
+    if _second_cache[0] != second:
+        _second_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second_cache[1]}.{int((now - second) * 1000):03d}Z"
 
 
 @dataclass(slots=True)
@@ -198,12 +210,16 @@ class Outbox:
             await self.flush()
 
     async def flush(self) -> None:
-        """Make everything admitted so far durable, and apply pending deletions."""
+        """Make everything admitted so far durable and apply pending deletions: one transaction."""
         batch, self._unsynced = self._unsynced, []
         deletes, self._to_delete = self._to_delete, []
-        if batch:
+        if batch or deletes:
             rows = [JournaledEvent(e.seq, e.event_id, e.run_id, e.kind, e.body or b"") for e in batch]
-            await anyio.to_thread.run_sync(self.journal.append, rows)
+            self._deleting += 1  # `drained()` waits for these too: "drained" means gone from disk
+            try:
+                await anyio.to_thread.run_sync(self.journal.commit, rows, deletes)
+            finally:
+                self._deleting -= 1
             for e in batch:
                 if e.seq not in self._entries:
                     continue  # receipted while being written (cannot happen before send; kept for safety)
@@ -213,13 +229,8 @@ class Outbox:
                     # Backlog beyond the resident budget lives only on disk; re-read when sent.
                     e.body = None
                     self._resident -= e.size
-            self._sendable.set()
-        if deletes:
-            self._deleting += 1  # `drained()` waits for these too: "drained" means gone from disk
-            try:
-                await anyio.to_thread.run_sync(self.journal.delete, deletes)
-            finally:
-                self._deleting -= 1
+            if batch:
+                self._sendable.set()
         self._check_drained()
 
     # -- sending ------------------------------------------------------------------------------------
