@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS instances (
     updated_at    TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          INTEGER PRIMARY KEY,
     instance_id TEXT NOT NULL,
     event_id    TEXT NOT NULL,
     seq         INTEGER NOT NULL,
@@ -71,6 +71,8 @@ CREATE TABLE IF NOT EXISTS command_updates (
 );
 CREATE INDEX IF NOT EXISTS command_updates_by_id ON command_updates (command_id, id);
 """
+
+_decode = msgspec.json.Decoder().decode
 
 _EVENT_COLUMNS = (
     "instance_id, event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at, payload, stored_at"
@@ -192,14 +194,45 @@ class Store:
     def insert_events(
         self, instance_id: str, events: Sequence[ValidEvent], rejected: Iterable[StoredRejection] = ()
     ) -> BatchResult:
-        """Store a batch in one transaction; a duplicate of a stored event is accepted again."""
+        """Store a batch in one transaction; a duplicate of a stored event is accepted again.
+
+        Duplicates are rare (a resend after a lost receipt), so the batch's ids are looked up once and
+        the new events inserted with one executemany, rather than one statement per event."""
         result = BatchResult(accepted=[], rejected=list(rejected), stored=[])
         stamp = now_iso()
         with self._tx():
+            known: dict[str, str] = {}
+            ids = [ev.event_id for ev in events]
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                for row in self._db.execute(
+                    f"SELECT event_id, digest FROM events WHERE instance_id = ? AND event_id IN ({marks})",
+                    (instance_id, *chunk),
+                ):
+                    known[row["event_id"]] = row["digest"]
+            fresh: list[ValidEvent] = []
+            seen: set[str] = set()
             for ev in events:
-                cur = self._db.execute(
-                    f"INSERT OR IGNORE INTO events ({_EVENT_COLUMNS}, digest) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                if ev.event_id in known or ev.event_id in seen:
+                    digest = known.get(ev.event_id) or next(f.digest for f in fresh if f.event_id == ev.event_id)
+                    if digest == ev.digest:
+                        result.accepted.append(ev.event_id)
+                    else:
+                        result.rejected.append(
+                            StoredRejection(
+                                event_id=ev.event_id,
+                                code="event.conflict",
+                                message="an event with this event_id and different content is already stored",
+                                retryable=False,
+                            )
+                        )
+                    continue
+                seen.add(ev.event_id)
+                fresh.append(ev)
+            self._db.executemany(
+                f"INSERT INTO events ({_EVENT_COLUMNS}, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
                     (
                         instance_id,
                         ev.event_id,
@@ -213,41 +246,27 @@ class Store:
                         ev.payload_json,
                         stamp,
                         ev.digest,
-                    ),
+                    )
+                    for ev in fresh
+                ],
+            )
+            for ev in fresh:
+                result.accepted.append(ev.event_id)
+                result.stored.append(
+                    {
+                        "instance_id": instance_id,
+                        "event_id": ev.event_id,
+                        "seq": ev.seq,
+                        "epoch": ev.epoch,
+                        "kind": ev.kind,
+                        "delivery": ev.delivery,
+                        "session_id": ev.session_id,
+                        "run_id": ev.run_id,
+                        "occurred_at": ev.occurred_at,
+                        "payload": _decode(ev.payload_json),
+                        "stored_at": stamp,
+                    }
                 )
-                if cur.rowcount == 1:
-                    result.accepted.append(ev.event_id)
-                    result.stored.append(
-                        {
-                            "instance_id": instance_id,
-                            "event_id": ev.event_id,
-                            "seq": ev.seq,
-                            "epoch": ev.epoch,
-                            "kind": ev.kind,
-                            "delivery": ev.delivery,
-                            "session_id": ev.session_id,
-                            "run_id": ev.run_id,
-                            "occurred_at": ev.occurred_at,
-                            "payload": json.loads(ev.payload_json),
-                            "stored_at": stamp,
-                        }
-                    )
-                    continue
-                stored_digest = self._db.execute(
-                    "SELECT digest FROM events WHERE instance_id = ? AND event_id = ?",
-                    (instance_id, ev.event_id),
-                ).fetchone()["digest"]
-                if stored_digest == ev.digest:
-                    result.accepted.append(ev.event_id)
-                else:
-                    result.rejected.append(
-                        StoredRejection(
-                            event_id=ev.event_id,
-                            code="event.conflict",
-                            message="an event with this event_id and different content is already stored",
-                            retryable=False,
-                        )
-                    )
         return result
 
     def add_command(

@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS runs (
 RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later
 # process reuses, without a write per event.
-SEQ_BLOCK = 4096
+SEQ_BLOCK = 65536
 # PROTOCOL §3: at least the last 1024 terminal statuses are kept.
 COMMANDS_KEPT = 4096
 
@@ -83,12 +83,18 @@ class Journal:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(SCHEMA)
         self._counter = self._meta("touch_counter", 0)
+        # A second connection for reading event bodies back: in WAL mode it reads committed rows while
+        # the writer's commit (and its fsync) is in progress, so a sender re-reading a backlog is never
+        # stuck behind a group commit.
+        self._reader_lock = threading.Lock()
+        self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         for private in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             if private.exists():  # files left by an older process may predate the rule above
                 private.chmod(0o600)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._reader_lock:
+            self._reader.close()
             self._db.close()
 
     # -- meta ---------------------------------------------------------------------------------------
@@ -128,14 +134,17 @@ class Journal:
     def delete(self, seqs: Iterable[int]) -> None:
         self.commit((), seqs)
 
-    def commit(self, events: Iterable[JournaledEvent], deleted: Iterable[int]) -> None:
-        """Append new events and delete receipted ones in ONE transaction: one fsync for both, which
-        is what keeps the journal off the event path's critical time at high rates."""
+    def commit(self, events: Iterable[JournaledEvent], deleted: Iterable[int], reserve_through: int = 0) -> None:
+        """Append new events, delete receipted ones and extend the seq reservation to
+        `reserve_through`, in ONE transaction: one fsync for all three, which is what keeps the journal
+        off the event path's critical time at high rates."""
         rows = list(events)
         gone = [(s,) for s in deleted]
-        if not rows and not gone:
+        if not rows and not gone and not reserve_through:
             return
         with self._lock, self._tx():
+            if reserve_through > self._meta("seq_reserved", 0):
+                self._set_meta("seq_reserved", reserve_through)
             if rows:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)",
@@ -150,12 +159,13 @@ class Journal:
                 self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
 
     def bodies(self, seqs: list[int]) -> dict[int, bytes]:
-        with self._lock:
+        """Bodies of committed events (only committed ones are ever evicted from memory)."""
+        with self._reader_lock:
             out: dict[int, bytes] = {}
             for i in range(0, len(seqs), 500):
                 chunk = seqs[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                for seq, body in self._db.execute(f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk):
+                for seq, body in self._reader.execute(f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk):
                     out[int(seq)] = bytes(body)
             return out
 

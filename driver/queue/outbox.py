@@ -26,7 +26,7 @@ import msgspec
 from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
-from driver.queue.journal import Journal, JournaledEvent
+from driver.queue.journal import SEQ_BLOCK, Journal, JournaledEvent
 
 log = logging.getLogger("driver.outbox")
 
@@ -131,9 +131,12 @@ class Outbox:
         self._resident = 0
         self._batch_no = 0
         self._seq_next, self._seq_end = self.journal.reserve_seqs()
+        self._reserve_target = 0  # a reservation riding on the next group commit (0: none)
         self._sendable = anyio.Event()
         self._work = anyio.Event()
         self._space = anyio.Event()
+        self._space_waiters = 0
+        self._work_due = False
         self._drained = anyio.Event()
         self._receipt_waiters: dict[str, anyio.Event] = {}
         self._receipt_outcomes: dict[str, str] = {}
@@ -154,12 +157,23 @@ class Outbox:
         """How many lossless events this process found journaled at start."""
         return self._recovered
 
-    def _next_seq(self) -> int:
-        if self._seq_next >= self._seq_end:
-            self._seq_next, self._seq_end = self.journal.reserve_seqs()
+    async def _next_seq(self) -> int:
+        """The next seq. Seqs are used only once durably reserved (best-effort events are never
+        journaled, so the reservation is what stops a later process from reusing theirs). The next
+        block is reserved ahead, inside a group commit; only a producer that outruns the writer waits."""
+        while self._seq_next >= self._seq_end:
+            self._reserve_ahead()
+            await self.flush()
+        if self._reserve_target == 0 and self._seq_end - self._seq_next < SEQ_BLOCK // 2:
+            self._reserve_ahead()
         seq = self._seq_next
         self._seq_next += 1
         return seq
+
+    def _reserve_ahead(self) -> None:
+        if self._reserve_target == 0:
+            self._reserve_target = self._seq_end - 1 + SEQ_BLOCK
+            self._kick()
 
     def _full(self) -> bool:
         return len(self._entries) >= self.max_events or self._bytes >= self.max_bytes
@@ -167,7 +181,7 @@ class Outbox:
     async def admit(self, kind: str, payload: bytes, delivery: Delivery, run_id: str | None) -> str:
         """Stamp and queue one event; return its event_id. Waits while the outbox is full."""
         if delivery == "best_effort":
-            seq = self._next_seq()
+            seq = await self._next_seq()
             event_id = event_id_for(self.instance_id, self.epoch, seq)
             if self.link_up:
                 self.best_effort.add(BestEffortEvent(seq, event_id, run_id, kind, payload, utc_now()))
@@ -177,8 +191,12 @@ class Outbox:
             return event_id
         while self._full():
             self._space = anyio.Event() if self._space.is_set() else self._space
-            await self._space.wait()
-        seq = self._next_seq()
+            self._space_waiters += 1
+            try:
+                await self._space.wait()
+            finally:
+                self._space_waiters -= 1
+        seq = await self._next_seq()
         event_id = event_id_for(self.instance_id, self.epoch, seq)
         body = _encoder.encode(
             Event(
@@ -198,7 +216,7 @@ class Outbox:
         self._bytes += entry.size
         self._resident += entry.size
         self._unsynced.append(entry)
-        self._work.set()
+        self._kick()
         return event_id
 
     # -- the writer task ----------------------------------------------------------------------------
@@ -207,19 +225,32 @@ class Outbox:
         while True:
             await self._work.wait()
             self._work = anyio.Event()
+            self._work_due = False
             await self.flush()
 
+    def _kick(self) -> None:
+        """Wake the writer (once per group commit, not once per event: this is on the hot path)."""
+        if not self._work_due:
+            self._work_due = True
+            self._work.set()
+
     async def flush(self) -> None:
-        """Make everything admitted so far durable and apply pending deletions: one transaction."""
+        """Make everything admitted so far durable, apply pending deletions and extend the seq
+        reservation when one is due: one transaction."""
         batch, self._unsynced = self._unsynced, []
         deletes, self._to_delete = self._to_delete, []
-        if batch or deletes:
+        reserve = self._reserve_target
+        if batch or deletes or reserve:
             rows = [JournaledEvent(e.seq, e.event_id, e.run_id, e.kind, e.body or b"") for e in batch]
             self._deleting += 1  # `drained()` waits for these too: "drained" means gone from disk
             try:
-                await anyio.to_thread.run_sync(self.journal.commit, rows, deletes)
+                await anyio.to_thread.run_sync(self.journal.commit, rows, deletes, reserve)
             finally:
                 self._deleting -= 1
+            if reserve and reserve >= self._seq_end:
+                self._seq_end = reserve + 1
+                if self._reserve_target == reserve:
+                    self._reserve_target = 0
             for e in batch:
                 if e.seq not in self._entries:
                     continue  # receipted while being written (cannot happen before send; kept for safety)
@@ -341,11 +372,11 @@ class Outbox:
         if entry.body is not None:
             self._resident -= entry.size
         self._to_delete.append(entry.seq)
-        self._work.set()
+        self._kick()
         if (waiter := self._receipt_waiters.pop(entry.event_id, None)) is not None:
             self._receipt_outcomes[entry.event_id] = outcome
             waiter.set()
-        if not self._full():
+        if self._space_waiters and not self._full():
             self._space.set()
 
     def _wait_retry(self, entry: _Entry) -> None:
