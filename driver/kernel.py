@@ -25,7 +25,7 @@ from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, 
 from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import provider_env
 from driver.adapters.registry import capabilities_of
-from driver.ports import artifacts, skills
+from driver.ports import artifacts
 from driver.ports.files import AllowedRoots
 from driver.ports.host_tools import HostToolBroker, HostToolCommandError
 from driver.ports.permissions import PermissionBroker, PermissionCommandError
@@ -852,6 +852,10 @@ class Kernel:
             await self.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
 
     async def _install_skills(self) -> None:
+        if not self.boot.execution.skills:
+            return
+        from driver.ports import skills  # zipfile and friends: only when there are skills to install
+
         cwd = Path(self.boot.session.cwd)
         for skill in self.boot.execution.skills:
             try:

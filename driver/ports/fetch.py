@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,6 +24,8 @@ class FetchError(Exception):
 
 
 def _open(url: str, timeout: float) -> tuple[BinaryIO, int | None]:
+    import urllib.request  # here, not at the top: it costs the daemon's cold start ~10 ms (email, http)
+
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "file":
         path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
