@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -26,9 +27,10 @@ class FetchError(Exception):
 def _open(url: str, timeout: float) -> tuple[BinaryIO, int | None]:
     import urllib.request  # here, not at the top: it costs the daemon's cold start ~10 ms (email, http)
 
-    scheme = urllib.parse.urlsplit(url).scheme
+    parts = urlsplit(url)
+    scheme = parts.scheme
     if scheme == "file":
-        path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
+        path = urllib.request.url2pathname(parts.path)
         try:
             f = open(path, "rb")  # noqa: SIM115 - closed by the caller
         except OSError as exc:
