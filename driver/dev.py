@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from driver.testing import codex_acp
+
 if TYPE_CHECKING:
     from driver.controlplane.live import Subscription
     from driver.controlplane.server import ControlPlane
@@ -195,41 +197,13 @@ def _codex(env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup
     return ProviderSetup(notice, {"OPENAI_API_KEY": key}, provider_options=options)
 
 
-CODEX_ACP_CONFIG = """\
-{model_line}model_provider = "dev"
-check_for_update_on_startup = false
-
-[model_providers.dev]
-name = "dev"
-base_url = "{base_url}"
-wire_api = "responses"
-env_key = "OPENAI_API_KEY"
-requires_openai_auth = false
-request_max_retries = 0
-stream_max_retries = 0
-
-[features]
-plugins = false
-unbounded_connection_retries = false
-shell_snapshot = false
-unified_exec = false
-
-[analytics]
-enabled = false
-"""
-
-
 def codex_acp_binary() -> Path:
     from driver.kernel import project_root
 
-    modules = project_root() / "node_modules"
-    for candidate in (
-        modules / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp",
-        modules / ".bin" / "codex-acp",
-    ):
-        if candidate.exists():
-            return candidate
-    raise DevError(f"codex-acp is not installed under {modules}; run `make setup`")
+    found = codex_acp.binary(project_root())
+    if found is None:
+        raise DevError(f"codex-acp is not installed under {project_root() / 'node_modules'}; run `make setup`")
+    return found
 
 
 def _codex_acp(paths: DevPaths, env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup:
@@ -238,14 +212,10 @@ def _codex_acp(paths: DevPaths, env: Mapping[str, str], stack: contextlib.ExitSt
     notice, base_url, key = _openai_endpoint(env, stack)
     home = paths.session_dir / "codex-home"
     tmp = paths.session_dir / "tmp"  # codex-acp will not install its sandbox helper under /tmp
-    for folder in (home, tmp):
-        folder.mkdir(mode=0o700, exist_ok=True)
+    tmp.mkdir(mode=0o700, exist_ok=True)
     offline = not env.get("OPENAI_API_KEY")
-    (home / "config.toml").write_text(
-        CODEX_ACP_CONFIG.format(
-            model_line='model = "gpt-5.4"\n' if offline else "",
-            base_url=base_url or "https://api.openai.com/v1",
-        )
+    codex_acp.write_home(
+        home, base_url or "https://api.openai.com/v1", model=codex_acp.OFFLINE_MODEL if offline else None
     )
     acp = {"command": [str(binary)], "env": {"CODEX_HOME": str(home), "TMPDIR": str(tmp)}}
     return ProviderSetup(notice, {"OPENAI_API_KEY": key}, acp=acp)

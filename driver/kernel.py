@@ -21,7 +21,7 @@ import anyio.abc
 import msgspec
 
 from driver import __version__, logs
-from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError, TurnOutcome
+from driver.adapters.base import CAPABILITIES, Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError, TurnOutcome
 from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import provider_env
 from driver.adapters.registry import capabilities_of
@@ -285,7 +285,7 @@ class Kernel:
     # -- frames ---------------------------------------------------------------------------------------
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
-        caps = [Capability(c, c in self.capabilities) for c in _ALL_CAPS]
+        caps = [Capability(c, c in self.capabilities) for c in CAPABILITIES]
         return encode(
             Hello(
                 protocol=PROTOCOL_VERSION,
@@ -885,7 +885,7 @@ class Kernel:
                 "epoch": self.epoch,
                 "revision": self.boot.execution.revision,
                 "runtime": self.boot.execution.runtime,
-                "capabilities": [{"id": c, "supported": c in self.capabilities} for c in _ALL_CAPS],
+                "capabilities": [{"id": c, "supported": c in self.capabilities} for c in CAPABILITIES],
                 "timings": timings,
             },
         )
@@ -933,16 +933,6 @@ class Kernel:
             await anyio.sleep(max(0.05, limit - idle_for if self.run is None else limit))
 
 
-_ALL_CAPS = (
-    "text_stream",
-    "thinking_stream",
-    "tool_stream",
-    "permission_request",
-    "native_resume",
-    "usage",
-    "host_tools",
-    "file_change",
-)
 _STATUS_OF: dict[str, Literal["completed", "failed", "cancelled"]] = {
     "run.completed": "completed",
     "run.failed": "failed",

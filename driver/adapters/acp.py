@@ -41,6 +41,7 @@ from driver.adapters.base import (
 )
 from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
@@ -54,18 +55,8 @@ CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5
 
 class AcpAdapter(Adapter):
     runtime: ClassVar[str] = "acp"
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {
-            "text_stream",
-            "thinking_stream",
-            "tool_stream",
-            "permission_request",
-            "native_resume",
-            "usage",
-            "file_change",
-            "host_tools",
-        }
-    )
+    # Declared once, in the registry, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["acp"]
     # Seconds for the agent to answer initialize / session setup (a Node agent cold-starts in ~2 s).
     start_timeout: float = 60.0
     # Seconds between SIGTERM and SIGKILL in stop().

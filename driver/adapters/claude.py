@@ -42,6 +42,7 @@ from driver.adapters.claude_options import (
     system_prompt,
     write_launcher,
 )
+from driver.adapters.registry import CAPABILITIES
 from driver.protocol.commands import RunInput
 
 STDERR_LINES = 200
@@ -266,9 +267,8 @@ def usage_payload(result: Any) -> dict[str, Any]:
 class ClaudeAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
     # file_change is not declared: the SDK reports tool calls, not file changes.
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage", "host_tools"}
-    )
+    # Declared once, in the registry, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["claude-agent-sdk"]
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)

@@ -44,6 +44,7 @@ from driver.adapters.codex_config import (
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
@@ -90,18 +91,8 @@ def _sha256(path: str) -> str | None:
 
 class CodexAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {
-            "text_stream",
-            "thinking_stream",
-            "tool_stream",
-            "permission_request",
-            "native_resume",
-            "usage",
-            "file_change",
-            "host_tools",
-        }
-    )
+    # Declared once, in the registry, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["openai-app-server"]
     start_timeout: float = 30.0
     stop_grace: float = 3.0
 

@@ -18,7 +18,7 @@ from driver.protocol.events import EVENT_KINDS, Delivery
 MAX_EVENT_ID_CHARS = 512
 
 
-class _Envelope(msgspec.Struct, kw_only=True):
+class _EnvelopeFields(msgspec.Struct, kw_only=True):
     # Unknown envelope fields are tolerated (tolerant reader); required ones are named by msgspec.
     event_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
     seq: Annotated[int, msgspec.Meta(ge=0)]
@@ -28,7 +28,14 @@ class _Envelope(msgspec.Struct, kw_only=True):
     session_id: str
     run_id: str | None
     occurred_at: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _Envelope(_EnvelopeFields, kw_only=True):
     payload: dict[str, Any]
+
+
+class _TypedEnvelope(_EnvelopeFields, kw_only=True):
+    payload: msgspec.Raw
 
 
 class ValidEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,18 +69,6 @@ def _event_id_of(obj: Any) -> str | None:
         if isinstance(value, str) and 0 < len(value) <= MAX_EVENT_ID_CHARS:
             return value
     return None
-
-
-class _TypedEnvelope(msgspec.Struct, kw_only=True):
-    event_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
-    seq: Annotated[int, msgspec.Meta(ge=0)]
-    epoch: Annotated[int, msgspec.Meta(ge=1)]
-    kind: str
-    delivery: Delivery
-    session_id: str
-    run_id: str | None
-    occurred_at: Annotated[str, msgspec.Meta(min_length=1)]
-    payload: msgspec.Raw
 
 
 _typed = msgspec.json.Decoder(_TypedEnvelope)

@@ -61,6 +61,7 @@ from driver.protocol.boot import (
     SessionConfig,
 )
 from driver.protocol.commands import RunInput
+from driver.testing import codex_acp
 from driver.testing.ports import (
     RecordingEvents,
     ScriptedPermissions,
@@ -614,31 +615,6 @@ async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path,
 
 # ---- real agents ------------------------------------------------------------------------------
 
-CODEX_CONFIG = """\
-model = "gpt-5.4"
-model_provider = "fake"
-check_for_update_on_startup = false
-
-[model_providers.fake]
-name = "fake"
-base_url = "{base_url}"
-wire_api = "responses"
-env_key = "FAKE_OPENAI_API_KEY"
-requires_openai_auth = false
-request_max_retries = 0
-stream_max_retries = 0
-
-[features]
-plugins = false
-unbounded_connection_retries = false
-shell_snapshot = false
-# With unified exec, codex-acp 0.16.0 reports no tool call at all for a shell command.
-unified_exec = false
-
-[analytics]
-enabled = false
-"""
-
 
 @pytest.fixture(scope="module")
 def fake_openai() -> Iterator[Any]:
@@ -669,9 +645,7 @@ class AgentFactory:
         state.mkdir(parents=True, exist_ok=True)
         if self.name == "codex-acp":
             fake = self._request.getfixturevalue("fake_openai")
-            home = state / "codex"
-            home.mkdir(exist_ok=True)
-            (home / "config.toml").write_text(CODEX_CONFIG.format(base_url=fake.base_url))
+            home = codex_acp.write_home(state / "codex", fake.base_url, "FAKE_OPENAI_API_KEY")
             # codex-acp refuses to install its sandbox helper under the temp dir, and CODEX_HOME is
             # under /tmp here: a TMPDIR elsewhere keeps bwrap sandboxing working.
             (state / "tmp").mkdir(exist_ok=True)

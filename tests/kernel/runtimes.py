@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.testing import codex_acp
 from tests.integration.harness import INSTANCE, ROOT, STUBBORN, TOKEN
 
 RUNTIMES = ("claude-agent-sdk", "openai-app-server", "acp:codex-acp")
@@ -25,30 +26,6 @@ PERMISSION = {
     "acp:codex-acp": "[[write:notes.txt:hello]]",
     "acp:stubborn": "[[perm]]",
 }
-
-CODEX_ACP_CONFIG = """\
-model = "gpt-5.4"
-model_provider = "fake"
-check_for_update_on_startup = false
-
-[model_providers.fake]
-name = "fake"
-base_url = "{base_url}"
-wire_api = "responses"
-env_key = "FAKE_OPENAI_API_KEY"
-requires_openai_auth = false
-request_max_retries = 0
-stream_max_retries = 0
-
-[features]
-plugins = false
-unbounded_connection_retries = false
-shell_snapshot = false
-unified_exec = false
-
-[analytics]
-enabled = false
-"""
 
 
 @dataclass
@@ -102,9 +79,7 @@ def payload(runtime: str, tmp: Path, url: str, fakes: Fakes, *, mode: str = "nor
             "provider_options": {"base_url": fakes.responses.base_url, "env_key": "OPENAI_API_KEY"},
         }
     elif runtime == "acp:codex-acp":
-        home = state / "codex-acp-home"
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(CODEX_ACP_CONFIG.format(base_url=fakes.responses.base_url))
+        home = codex_acp.write_home(state / "codex-acp-home", fakes.responses.base_url, "FAKE_OPENAI_API_KEY")
         # codex-acp refuses to install its sandbox helper under the temporary directory.
         (state / "tmp").mkdir(exist_ok=True)
         execution |= {
