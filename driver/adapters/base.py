@@ -132,9 +132,7 @@ class TurnOutcome:
 class ProviderError(Exception):
     """A provider failure the kernel reports as `run.failed` with this code (e.g. `provider.crashed`)."""
 
-    def __init__(
-        self, code: str, message: str, *, retryable: bool = False, details: dict[str, Any] | None = None
-    ):
+    def __init__(self, code: str, message: str, *, retryable: bool = False, details: dict[str, Any] | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
