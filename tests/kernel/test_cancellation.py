@@ -190,6 +190,20 @@ async def test_real_runtime_cancel_mid_stream_and_while_permission_pending(
         assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
         assert not (tmp_path / "cwd" / "notes.txt").exists()
 
+        # A cancel racing the natural end of a short turn: exactly one terminal, whichever won, and
+        # both command statuses agree with it.
+        race_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-race", input={"text": "[[say:quick]]"})
+        status = await cancel(cp, "run-race")
+        terminal = await wait_terminal(cp, "run-race")
+        assert [t["kind"] for t in terminals(cp, "run-race")] == [terminal["kind"]]
+        assert terminal["kind"] in ("run.completed", "run.cancelled")
+        expected = "cancelled" if terminal["kind"] == "run.cancelled" else "completed"
+        assert (await cp.wait_for_command_status(race_cid, timeout=30))["status"] == expected
+        if status["result"].get("already_terminal"):
+            assert terminal["kind"] == "run.completed"
+        else:
+            assert status["result"]["terminal"] == terminal["kind"]
+
         # The runtime is still usable afterwards.
         await assert_next_run_works(cp, "run-after")
 
