@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +49,7 @@ from driver.protocol.frames import (
 from driver.protocol.link import CloseReaction
 from driver.queue.journal import Journal
 from driver.queue.outbox import FinalRejection, Outbox, utc_now
+from driver.runs import Run, choose_terminal, declined_tool_events
 from driver.states import StateMachine, Trigger
 from driver.supervision import (
     CRASH_LOOP_LIMIT,
@@ -83,27 +84,6 @@ def project_root() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Run:
-    run_id: str
-    command_id: str
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    terminal: str | None = None  # the chosen terminal kind, once chosen
-    cancel_requested_by: str | None = None
-    cancel_reason: str = ""
-    cancel_phase: Literal["interrupt", "terminate", "kill"] = "interrupt"
-    tools_started: dict[str, str] = field(default_factory=dict)  # tool_call_id → name
-    tools_completed: set[str] = field(default_factory=set)
-    ended: anyio.Event = field(default_factory=anyio.Event)
-    adapter: Adapter | None = None  # the adapter running this run (signals go to its groups)
-    forced_error: ProviderError | None = None  # set when the kernel ends the run for its provider
-    last_activity: float = field(default_factory=time.monotonic)
-    signalled_groups: list[int] = field(default_factory=list)
-    # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
-    # so a control plane that sees the cancel completed also has the terminal stored.
-    receipted: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(frozen=True)
@@ -570,77 +550,12 @@ class Kernel:
         run.scope.cancel()
 
     async def _end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
-        """Choose the run's one terminal and admit it. A cancel requested before this point wins."""
-        dropped = self.outbox.dropped_for_run(run.run_id)
-        for tool_call_id in self.permissions.rejected_tool_calls & set(run.tools_started) - run.tools_completed:
-            await self.emit(
-                "tool.completed",
-                {"tool_call_id": tool_call_id, "status": "declined", "output": None, "exit_code": None},
-            )
-        for tool_call_id in self.permissions.rejected_tool_calls - set(run.tools_started):
-            await self.emit("tool.started", {"tool_call_id": tool_call_id, "name": "", "title": "", "input": None})
-            await self.emit(
-                "tool.completed",
-                {"tool_call_id": tool_call_id, "status": "declined", "output": None, "exit_code": None},
-            )
+        """Choose the run's one terminal (driver.runs) and admit it. A cancel requested before this
+        point wins."""
+        for kind, payload in declined_tool_events(run, self.permissions.rejected_tool_calls):
+            await self.emit(kind, payload)
         self.permissions.rejected_tool_calls.clear()
-        kind: str
-        payload: dict[str, Any]
-        if run.cancel_requested_by is not None:
-            kind = "run.cancelled"
-            payload = {
-                "reason": run.cancel_reason,
-                "requested_by": run.cancel_requested_by,
-                "dropped_best_effort": dropped,
-                "details": {
-                    "phase": run.cancel_phase,
-                    "tool_calls_started": sorted(run.tools_started),
-                    "side_effects": "tool side effects already done are not undone",
-                    "signalled_process_groups": run.signalled_groups,
-                },
-            }
-        elif error is not None:
-            kind = "run.failed"
-            details = dict(error.details)
-            payload = {
-                "error": {
-                    "code": error.code,
-                    "message": error.message,
-                    "retryable": error.retryable,
-                    "details": details,
-                },
-                "dropped_best_effort": dropped,
-            }
-        else:
-            assert outcome is not None
-            if outcome.status == "completed":
-                kind = "run.completed"
-                payload = {
-                    "stop_reason": outcome.stop_reason,
-                    "final_message_id": outcome.final_message_id,
-                    "final_message_text": outcome.final_message_text,
-                    "usage": outcome.usage,
-                    "dropped_best_effort": dropped,
-                }
-            elif outcome.status == "cancelled":
-                kind = "run.cancelled"
-                payload = {
-                    "reason": outcome.stop_reason,
-                    "requested_by": "provider",
-                    "dropped_best_effort": dropped,
-                    "details": {"phase": "provider", "tool_calls_started": sorted(run.tools_started)},
-                }
-            else:
-                kind = "run.failed"
-                payload = {
-                    "error": {
-                        "code": outcome.error_code or "provider.failed",
-                        "message": outcome.error_message or "the provider reported a failed turn",
-                        "retryable": outcome.error_retryable,
-                        "details": outcome.error_details,
-                    },
-                    "dropped_best_effort": dropped,
-                }
+        kind, payload = choose_terminal(run, outcome, error, self.outbox.dropped_for_run(run.run_id))
         run.terminal = kind
         event_id = await self._emit_for_run(run.run_id, kind, payload)
         self.outbox.best_effort.forget_run(run.run_id)

@@ -1,0 +1,110 @@
+"""A run's bookkeeping and the choice of its one terminal event (PROTOCOL §4.2, §5), without I/O.
+
+The kernel owns the I/O around a run (the adapter call, the cancel escalation, admitting events);
+what ends a run, and with which payload, is decided here, from plain values, so it can be tested as
+a table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+
+CancelPhase = Literal["interrupt", "terminate", "kill"]
+SIDE_EFFECTS_NOTE = "tool side effects already done are not undone"
+
+
+@dataclass
+class Run:
+    run_id: str
+    command_id: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    terminal: str | None = None  # the chosen terminal kind, once chosen
+    cancel_requested_by: str | None = None
+    cancel_reason: str = ""
+    cancel_phase: CancelPhase = "interrupt"
+    tools_started: dict[str, str] = field(default_factory=dict)  # tool_call_id → name
+    tools_completed: set[str] = field(default_factory=set)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    adapter: Adapter | None = None  # the adapter running this run (signals go to its groups)
+    forced_error: ProviderError | None = None  # set when the kernel ends the run for its provider
+    last_activity: float = field(default_factory=time.monotonic)
+    signalled_groups: list[int] = field(default_factory=list)
+    # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
+    # so a control plane that sees the cancel completed also has the terminal stored.
+    receipted: anyio.Event = field(default_factory=anyio.Event)
+
+
+def declined_tool_events(run: Run, rejected: set[str]) -> list[tuple[str, dict[str, Any]]]:
+    """PROTOCOL §6.2: a tool call whose permission was rejected ends `tool.completed{declined}`; the
+    driver emits it (and a `tool.started` first) when the provider reported neither."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for tool_call_id in sorted(rejected):
+        if tool_call_id in run.tools_completed:
+            continue
+        if tool_call_id not in run.tools_started:
+            out.append(("tool.started", {"tool_call_id": tool_call_id, "name": "", "title": "", "input": None}))
+        out.append(
+            ("tool.completed", {"tool_call_id": tool_call_id, "status": "declined", "output": None, "exit_code": None})
+        )
+    return out
+
+
+def choose_terminal(
+    run: Run, outcome: TurnOutcome | None, error: ProviderError | None, dropped: int
+) -> tuple[str, dict[str, Any]]:
+    """The run's terminal kind and payload. A cancel requested before this choice wins over whatever
+    the provider reported; then a provider error; then the provider's own outcome."""
+    if run.cancel_requested_by is not None:
+        return "run.cancelled", {
+            "reason": run.cancel_reason,
+            "requested_by": run.cancel_requested_by,
+            "dropped_best_effort": dropped,
+            "details": {
+                "phase": run.cancel_phase,
+                "tool_calls_started": sorted(run.tools_started),
+                "side_effects": SIDE_EFFECTS_NOTE,
+                "signalled_process_groups": run.signalled_groups,
+            },
+        }
+    if error is not None:
+        return "run.failed", {
+            "error": {
+                "code": error.code,
+                "message": error.message,
+                "retryable": error.retryable,
+                "details": dict(error.details),
+            },
+            "dropped_best_effort": dropped,
+        }
+    if outcome is None:
+        raise ValueError("a run ends with an outcome, an error or a cancel")
+    if outcome.status == "completed":
+        return "run.completed", {
+            "stop_reason": outcome.stop_reason,
+            "final_message_id": outcome.final_message_id,
+            "final_message_text": outcome.final_message_text,
+            "usage": outcome.usage,
+            "dropped_best_effort": dropped,
+        }
+    if outcome.status == "cancelled":
+        return "run.cancelled", {
+            "reason": outcome.stop_reason,
+            "requested_by": "provider",
+            "dropped_best_effort": dropped,
+            "details": {"phase": "provider", "tool_calls_started": sorted(run.tools_started)},
+        }
+    return "run.failed", {
+        "error": {
+            "code": outcome.error_code or "provider.failed",
+            "message": outcome.error_message or "the provider reported a failed turn",
+            "retryable": outcome.error_retryable,
+            "details": outcome.error_details,
+        },
+        "dropped_best_effort": dropped,
+    }
