@@ -23,8 +23,10 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from driver.testing.http_fake import QuietServer, ServedFake, serve_until_interrupted
 
 DEFAULT_TEXT = "Hello from the fake model."
 ERROR_MESSAGE = "fake model error: scripted failure"
@@ -303,28 +305,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._event("message_stop", {"type": "message_stop"})
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(QuietServer):
     fake: FakeAnthropic
 
 
-class FakeAnthropic:
+class FakeAnthropic(ServedFake):
     """The fake endpoint, served from a background thread. Use as a context manager or call close()."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.other_requests: list[tuple[str, str, Any]] = []
-        self.closing = threading.Event()
         self._lock = threading.Lock()
-        self._server = _Server((host, port), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-anthropic", daemon=True)
-        self._thread.start()
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
+        server = _Server((host, port), _Handler)
+        server.fake = self
+        self._serve(server, "fake-anthropic")
 
     @property
     def base_url(self) -> str:
@@ -338,18 +332,6 @@ class FakeAnthropic:
         with self._lock:
             self.other_requests.append((method, path, body))
 
-    def close(self) -> None:
-        self.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeAnthropic:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -357,11 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8089)
     args = parser.parse_args(argv)
     fake = FakeAnthropic(args.host, args.port)
-    print(f"fake Anthropic Messages API on {fake.base_url}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        fake.close()
+    serve_until_interrupted(fake, "fake Anthropic Messages API")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from openai.types.responses import (
@@ -66,6 +66,8 @@ from openai.types.responses.response_reasoning_summary_part_added_event import P
 from openai.types.responses.response_reasoning_summary_part_done_event import Part as DonePart
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel
+
+from driver.testing.http_fake import QuietServer, ServedFake, serve_until_interrupted
 
 DEFAULT_TEXT = "Hello from the fake model."
 ERROR_MESSAGE = "fake model error: scripted failure"
@@ -655,9 +657,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(QuietServer):
     fake: FakeResponses
 
 
@@ -668,7 +668,7 @@ class _Recorded:
     other: list[tuple[str, str, Any]] = field(default_factory=list)
 
 
-class FakeResponses:
+class FakeResponses(ServedFake):
     """The fake endpoint, served from a background thread. Use as a context manager or call close().
 
     `requests`: parsed bodies of every `POST /v1/responses`, in arrival order; `request_headers`: their
@@ -676,12 +676,10 @@ class FakeResponses:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._recorded = _Recorded()
-        self.closing = threading.Event()
         self._lock = threading.Lock()
-        self._server = _Server((host, port), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-responses", daemon=True)
-        self._thread.start()
+        server = _Server((host, port), _Handler)
+        server.fake = self
+        self._serve(server, "fake-responses")
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -699,10 +697,6 @@ class FakeResponses:
             return list(self._recorded.other)
 
     @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
@@ -715,18 +709,6 @@ class FakeResponses:
         with self._lock:
             self._recorded.other.append((method, path, body))
 
-    def close(self) -> None:
-        self.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeResponses:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -734,11 +716,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8090)
     args = parser.parse_args(argv)
     fake = FakeResponses(args.host, args.port)
-    print(f"fake OpenAI Responses API on {fake.base_url}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        fake.close()
+    serve_until_interrupted(fake, "fake OpenAI Responses API")
 
 
 if __name__ == "__main__":
