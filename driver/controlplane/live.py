@@ -83,6 +83,17 @@ class Broker:
     def _remove(self, sub: Subscription) -> None:
         self._subs.discard(sub)
 
+    def has_subscribers(self, instance_id: str) -> bool:
+        return any(sub.instance_id is None or sub.instance_id == instance_id for sub in self._subs)
+
+    def publish_many(self, instance_id: str, items: list[Item]) -> None:
+        """Deliver a batch's items, then wake `wait_until` callers once (not once per event)."""
+        for sub in list(self._subs):
+            if sub.instance_id is None or sub.instance_id == instance_id:
+                for item in items:
+                    sub._put(item)
+        self.changed()
+
     def publish(self, instance_id: str, item: Item) -> None:
         for sub in list(self._subs):
             if sub.instance_id is None or sub.instance_id == instance_id:

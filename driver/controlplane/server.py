@@ -620,8 +620,10 @@ class ControlPlane:
     async def _receipt_for(self, link: _Link, batch: int, stored: asyncio.Future[BatchResult]) -> bytes:
         """Wait for the batch's COMMIT, announce its new events, and build its receipt."""
         result = await stored
-        for event in result.stored:
-            self._live.publish(link.instance_id, {"type": "event", **event})
+        if self._live.has_subscribers(link.instance_id):
+            self._live.publish_many(link.instance_id, result.stored_items(link.instance_id))
+        else:
+            self._live.changed()
         receipt = Receipt(
             batch=batch,
             accepted=result.accepted,

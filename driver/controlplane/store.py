@@ -94,7 +94,28 @@ class StoredRejection(msgspec.Struct, frozen=True, kw_only=True):
 class BatchResult(msgspec.Struct, kw_only=True):
     accepted: list[str]
     rejected: list[StoredRejection]
-    stored: list[dict[str, Any]]  # only the events new to the store, for live subscribers
+    stored: list[ValidEvent]  # only the events new to the store, for live subscribers
+    stored_at: str = ""
+
+    def stored_items(self, instance_id: str) -> list[dict[str, Any]]:
+        """The new events as the live items subscribers get (built only when someone listens)."""
+        return [
+            {
+                "type": "event",
+                "instance_id": instance_id,
+                "event_id": ev.event_id,
+                "seq": ev.seq,
+                "epoch": ev.epoch,
+                "kind": ev.kind,
+                "delivery": ev.delivery,
+                "session_id": ev.session_id,
+                "run_id": ev.run_id,
+                "occurred_at": ev.occurred_at,
+                "payload": _decode(ev.payload_json),
+                "stored_at": self.stored_at,
+            }
+            for ev in self.stored
+        ]
 
 
 class EpochVerdict(msgspec.Struct, frozen=True):
@@ -250,23 +271,9 @@ class Store:
                     for ev in fresh
                 ],
             )
-            for ev in fresh:
-                result.accepted.append(ev.event_id)
-                result.stored.append(
-                    {
-                        "instance_id": instance_id,
-                        "event_id": ev.event_id,
-                        "seq": ev.seq,
-                        "epoch": ev.epoch,
-                        "kind": ev.kind,
-                        "delivery": ev.delivery,
-                        "session_id": ev.session_id,
-                        "run_id": ev.run_id,
-                        "occurred_at": ev.occurred_at,
-                        "payload": _decode(ev.payload_json),
-                        "stored_at": stamp,
-                    }
-                )
+            result.accepted.extend(ev.event_id for ev in fresh)
+            result.stored = fresh
+            result.stored_at = stamp
         return result
 
     def add_command(

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -51,8 +52,9 @@ SEQ_BLOCK = 65536
 COMMANDS_KEPT = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class JournaledEvent:
+class JournaledEvent(NamedTuple):
+    """One outbox row, in column order (a tuple, so a group commit hands rows to SQLite as they are)."""
+
     seq: int
     event_id: str
     run_id: str | None
@@ -147,8 +149,7 @@ class Journal:
                 self._set_meta("seq_reserved", reserve_through)
             if rows:
                 self._db.executemany(
-                    "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)",
-                    ((e.seq, e.event_id, e.run_id, e.kind, e.body) for e in rows),
+                    "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)", rows
                 )
                 # A run stops being active in the same transaction that makes its terminal durable, so
                 # a restart can never see an active run whose terminal is already on its way.

@@ -34,10 +34,10 @@ def test_store_is_wal_with_full_sync(store: Store) -> None:
 def test_insert_is_idempotent_and_ordered_by_seq(store: Store) -> None:
     first = store.insert_events(INSTANCE, [valid(3), valid(1)])
     assert first.accepted == [valid(3).event_id, valid(1).event_id]
-    assert [e["seq"] for e in first.stored] == [3, 1]
+    assert [e.seq for e in first.stored] == [3, 1]
     again = store.insert_events(INSTANCE, [valid(1), valid(2)])
     assert again.accepted == [valid(1).event_id, valid(2).event_id]
-    assert [e["seq"] for e in again.stored] == [2]  # only the new one is announced
+    assert [e.seq for e in again.stored] == [2]  # only the new one is announced
     assert [e["seq"] for e in store.events(INSTANCE)] == [1, 2, 3]
     assert store.count_events(INSTANCE) == 3
     assert store.events(INSTANCE, after_seq=1, limit=1)[0]["seq"] == 2
