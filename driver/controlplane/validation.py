@@ -88,20 +88,7 @@ def check_event(raw: bytes) -> ValidEvent | InvalidEvent:
         if env.delivery == spec.delivery and env.occurred_at.endswith(_TZ_SUFFIX):
             datetime.fromisoformat(env.occurred_at)
             _payload_decoders[env.kind].decode(env.payload)
-            payload_json = bytes(env.payload).decode()
-            return ValidEvent(
-                event_id=env.event_id,
-                seq=env.seq,
-                epoch=env.epoch,
-                kind=env.kind,
-                delivery=env.delivery,
-                session_id=env.session_id,
-                run_id=env.run_id,
-                occurred_at=env.occurred_at,
-                payload_json=payload_json,
-                # The exact bytes: the driver resends a lossless event byte for byte from its journal.
-                digest=hashlib.sha256(raw).hexdigest(),
-            )
+            return _valid(env, bytes(env.payload).decode(), raw)
     except (msgspec.DecodeError, KeyError, ValueError, UnicodeDecodeError):
         pass
     return _check_slowly(raw)
@@ -137,10 +124,10 @@ def _check_slowly(raw: bytes) -> ValidEvent | InvalidEvent:
         msgspec.convert(env.payload, spec.payload)
     except msgspec.ValidationError as exc:
         return InvalidEvent(event_id=event_id, message=f"payload of {env.kind}: {exc}")
-    payload_json = _canonical.encode(env.payload).decode()
-    # The digest covers everything the driver promises to keep stable across retries, so the same
-    # event_id with other content is told apart from an honest duplicate.
-    digest = hashlib.sha256(raw).hexdigest()
+    return _valid(env, _canonical.encode(env.payload).decode(), raw)
+
+
+def _valid(env: _EnvelopeFields, payload_json: str, raw: bytes) -> ValidEvent:
     return ValidEvent(
         event_id=env.event_id,
         seq=env.seq,
@@ -151,5 +138,7 @@ def _check_slowly(raw: bytes) -> ValidEvent | InvalidEvent:
         run_id=env.run_id,
         occurred_at=env.occurred_at,
         payload_json=payload_json,
-        digest=digest,
+        # The digest is of the exact bytes: the driver resends a lossless event byte for byte from its
+        # journal, so the same event_id with other bytes is a conflict, not an honest duplicate.
+        digest=hashlib.sha256(raw).hexdigest(),
     )

@@ -4,15 +4,13 @@ bounds shortened through `AGENT_DRIVER_*` variables, and a look at its provider 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from tests.integration.harness import INSTANCE, ROOT, DriverProcess
+from tests.integration.harness import INSTANCE, DriverProcess
 
 TERMINALS = ("run.completed", "run.failed", "run.cancelled")
 
@@ -21,24 +19,7 @@ class Driver(DriverProcess):
     """The real driver process (as in tests/integration), with extra environment variables."""
 
     def __init__(self, tmp: Path, payload: dict[str, Any], name: str = "driver", env: dict[str, str] | None = None):
-        import json
-
-        self.boot = tmp / f"{name}.boot.json"
-        self.boot.write_text(json.dumps(payload))
-        self.boot.chmod(0o600)
-        self.stderr_path = tmp / f"{name}.stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_DRIVER")}
-        base["AGENT_DRIVER_PROJECT_ROOT"] = str(ROOT)
-        base.update(env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot)],
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-            env=base,
-            cwd=ROOT,
-            start_new_session=True,
-        )
+        super().__init__(tmp, payload, name, extra_env=env)
 
 
 # -- processes --------------------------------------------------------------------------------------
