@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,13 @@ async def test_hello_started_and_a_run_end_to_end(tmp_path: Path, drivers: list[
         assert started["payload"]["epoch"] == 1
         assert not d.boot.exists()
 
-        _, status = await run_input(cp, "[[say:hi there]]", "run-1")
+        cid, status = await run_input(cp, "[[say:hi there]]", "run-1")
         assert status["status"] == "completed"
+        # Exactly one `accepted`, within 1 s of the command being queued, then one terminal status.
+        updates = cp.command_updates(cid)
+        assert [u["status"] for u in updates] == ["accepted", "completed"]
+        queued = datetime.fromisoformat(status["created_at"])
+        assert datetime.fromisoformat(updates[0]["received_at"]) - queued < timedelta(seconds=1)
         evs = cp.events(INSTANCE, run_id="run-1")
         ks = kinds(evs)
         assert ks[0] == "run.started" and ks[-1] == "run.completed"
