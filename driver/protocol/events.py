@@ -224,7 +224,7 @@ EVENT_KINDS: dict[str, EventKind] = {
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})
 
 
-class Event(msgspec.Struct, kw_only=True, omit_defaults=False):
+class Event(msgspec.Struct, omit_defaults=False):
     """The envelope on the wire and in the journal."""
 
     event_id: str

@@ -136,7 +136,12 @@ class Journal:
     def delete(self, seqs: Iterable[int]) -> None:
         self.commit((), seqs)
 
-    def commit(self, events: Iterable[JournaledEvent], deleted: Iterable[int], reserve_through: int = 0) -> None:
+    def commit(
+        self,
+        events: Iterable[tuple[int, str, str | None, str, bytes]],
+        deleted: Iterable[int],
+        reserve_through: int = 0,
+    ) -> None:
         """Append new events, delete receipted ones and extend the seq reservation to
         `reserve_through`, in ONE transaction: one fsync for all three, which is what keeps the journal
         off the event path's critical time at high rates."""
@@ -153,7 +158,7 @@ class Journal:
                 )
                 # A run stops being active in the same transaction that makes its terminal durable, so
                 # a restart can never see an active run whose terminal is already on its way.
-                ended = [(e.run_id,) for e in rows if e.kind in RUN_TERMINAL_KINDS and e.run_id]
+                ended = [(run_id,) for _, _, run_id, kind, _ in rows if kind in RUN_TERMINAL_KINDS and run_id]
                 if ended:
                     self._db.executemany("DELETE FROM runs WHERE run_id = ?", ended)
             if gone:
