@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +35,8 @@ UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
 # Events per group commit at most. Under a flood, one huge transaction would make every event wait
 # for the last one before the first is sent; chunks let sending overlap journaling.
 COMMIT_MAX_EVENTS = 1024
+# Bytes of admitted events not yet journaled before `admit` waits for the writer.
+UNSYNCED_MAX_BYTES = 4 * 1024 * 1024
 
 
 _second_cache: tuple[int, str] = (-1, "")
@@ -127,7 +130,7 @@ class Outbox:
         self._ready: list[int] = []  # heap of seqs
         self._waiting: list[tuple[float, int]] = []  # heap of (ready_at, seq)
         self._in_flight: dict[int, tuple[float, list[int], list[BestEffortEvent]]] = {}
-        self._unsynced: list[_Entry] = []
+        self._unsynced: deque[_Entry] = deque()
         self._to_delete: list[int] = []
         self._deleting = 0
         self._bytes = 0
@@ -139,6 +142,8 @@ class Outbox:
         self._work = anyio.Event()
         self._space = anyio.Event()
         self._space_waiters = 0
+        self._committed = anyio.Event()  # set (and replaced) after each group commit that wrote events
+        self._unsynced_bytes = 0
         self._work_due = False
         self._drained = anyio.Event()
         self._receipt_waiters: dict[str, anyio.Event] = {}
@@ -199,6 +204,10 @@ class Outbox:
                 await self._space.wait()
             finally:
                 self._space_waiters -= 1
+        while self._unsynced_bytes > UNSYNCED_MAX_BYTES:
+            # Bodies not yet journaled cannot be evicted: a producer faster than the disk waits for the
+            # writer here, so memory stays bounded by the disk's pace, not by the producer's speed.
+            await self._committed.wait()
         seq = await self._next_seq()
         event_id = event_id_for(self.instance_id, self.epoch, seq)
         # Positional, in Event's field order (event_id, seq, epoch, kind, delivery, session_id,
@@ -211,6 +220,7 @@ class Outbox:
         self._bytes += entry.size
         self._resident += entry.size
         self._unsynced.append(entry)
+        self._unsynced_bytes += entry.size
         self._kick()
         return event_id
 
@@ -243,7 +253,9 @@ class Outbox:
 
     async def _commit(self, limit: int) -> None:
         """One transaction: up to `limit` admitted events, every pending deletion, a due reservation."""
-        batch, self._unsynced = self._unsynced[:limit], self._unsynced[limit:]
+        take = min(limit, len(self._unsynced))
+        batch = [self._unsynced.popleft() for _ in range(take)]
+        self._unsynced_bytes -= sum(e.size for e in batch)
         deletes, self._to_delete = self._to_delete, []
         reserve = self._reserve_target
         if batch or deletes or reserve:
@@ -269,6 +281,8 @@ class Outbox:
                     self._resident -= e.size
             if batch:
                 self._sendable.set()
+                self._committed.set()
+                self._committed = anyio.Event()
         self._check_drained()
 
     # -- sending ------------------------------------------------------------------------------------

@@ -530,3 +530,33 @@ async def test_concurrent_producer_writer_sender_and_lossy_control_plane(journal
     pieces = [p for p in pieces if p]
     assert len(pieces) == len(set(pieces))
     assert len(pieces) + box.dropped_for_run("run-1") == 40
+
+
+async def test_a_producer_faster_than_the_disk_waits_for_the_writer(box: Outbox) -> None:
+    """Bodies not yet journaled cannot be evicted from memory, so admission stops at a bound of
+    unjournaled bytes until the writer commits (memory bounded by the disk's pace)."""
+    from driver.queue.outbox import UNSYNCED_MAX_BYTES
+
+    big = msg("x" * 256 * 1024)
+    admitted = 0
+    while admitted * len(big) <= UNSYNCED_MAX_BYTES:
+        await box.admit("message.completed", big, "lossless", "run-1")
+        admitted += 1
+    blocked = anyio.Event()
+    done = anyio.Event()
+
+    async def one_more() -> None:
+        blocked.set()
+        await box.admit("message.completed", big, "lossless", "run-1")
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one_more)
+        await blocked.wait()
+        for _ in range(10):
+            await anyio.lowlevel.checkpoint()
+        assert not done.is_set()  # no writer ran: the producer is held
+        await box.flush()  # the writer commits: the producer goes on
+        with anyio.fail_after(5):
+            await done.wait()
+    assert box.pending_count == admitted + 1
