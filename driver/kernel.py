@@ -98,6 +98,7 @@ class KernelOptions:
     restart_backoff_cap_s: float = RESTART_BACKOFF_CAP_S
     crash_loop_limit: int = CRASH_LOOP_LIMIT
     crash_loop_window_s: float = CRASH_LOOP_WINDOW_S
+    outbox_max_events: int = 100_000  # PROTOCOL §4.1's default bound on unreceipted lossless events
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:
@@ -117,9 +118,13 @@ class Kernel:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.journal = Journal(state_dir / "driver" / "journal.sqlite3")
         self.epoch = self.journal.bump_epoch()
-        # AGENT_DRIVER_OUTBOX_MAX_EVENTS: a smaller lossless bound, for fault tests of backpressure (default 100,000).
-        max_events = int(os.environ.get("AGENT_DRIVER_OUTBOX_MAX_EVENTS") or 100_000)
-        self.outbox = Outbox(self.journal, boot.driver_instance_id, boot.session.id, self.epoch, max_events=max_events)
+        self.outbox = Outbox(
+            self.journal,
+            boot.driver_instance_id,
+            boot.session.id,
+            self.epoch,
+            max_events=self.options.outbox_max_events,
+        )
         self.run: Run | None = None
         self.exit_status: int | None = None
         self._done = anyio.Event()

@@ -93,6 +93,7 @@ ENV_OPTIONS: dict[str, tuple[str, str]] = {
     "AGENT_DRIVER_RESTART_BACKOFF_CAP_MS": ("restart_backoff_cap_s", "ms"),
     "AGENT_DRIVER_CRASH_LOOP_LIMIT": ("crash_loop_limit", "count"),
     "AGENT_DRIVER_CRASH_LOOP_WINDOW_MS": ("crash_loop_window_s", "ms"),
+    "AGENT_DRIVER_OUTBOX_MAX_EVENTS": ("outbox_max_events", "count"),
 }
 
 
