@@ -357,9 +357,14 @@ class Kernel:
         except msgspec.DecodeError:
             return
         stored = self.journal.command(head.command_id)
-        if stored is not None or head.command_id in self._in_progress:
-            known_fp = stored.fingerprint if stored else self._in_progress[head.command_id]
-            if known_fp != fingerprint:
+        known = stored.fingerprint if stored is not None else self._in_progress.get(head.command_id)
+        terminal = (
+            stored.update_frame
+            if stored is not None and stored.status in TERMINAL_STATUSES and stored.update_frame is not None
+            else None
+        )
+        match cmds.classify_repeat(fingerprint, known, terminal):
+            case cmds.Repeat.CONFLICT:
                 await self._send_update(
                     CommandUpdate(
                         command_id=head.command_id,
@@ -368,12 +373,16 @@ class Kernel:
                     )
                 )
                 return
-            if stored is not None and stored.update_frame is not None and stored.status in TERMINAL_STATUSES:
+            case cmds.Repeat.RESEND_TERMINAL:
+                assert terminal is not None
                 if self._link is not None:
-                    await self._link.send(stored.update_frame)
-            else:
+                    await self._link.send(terminal)
+                return
+            case cmds.Repeat.STILL_RUNNING:
                 await self._send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
-            return
+                return
+            case cmds.Repeat.NEW:
+                pass
         # New command: accept at once (within 1 s), remember it, then execute.
         self._in_progress[head.command_id] = fingerprint
         await anyio.to_thread.run_sync(

@@ -7,6 +7,7 @@ with the message msgspec gives, which names the offending field and never echoes
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import msgspec
@@ -86,6 +87,25 @@ def decode_command(raw: bytes | str) -> Command:
         raise CommandInvalid(str(exc)) from None
 
 
+class Repeat(enum.Enum):
+    """What a command frame is, given what was seen before under its command_id (PROTOCOL §3)."""
+
+    NEW = "new"  # execute it
+    CONFLICT = "conflict"  # same id, other content: answer failed / command.conflict
+    RESEND_TERMINAL = "resend_terminal"  # already finished: resend the stored terminal status
+    STILL_RUNNING = "still_running"  # accepted, not finished: resend `accepted`
+
+
+def classify_repeat(fingerprint: str, known_fingerprint: str | None, terminal_frame: bytes | None) -> Repeat:
+    """`known_fingerprint` is None for a command_id never seen; `terminal_frame` is its stored
+    terminal `command.update`, if it has one."""
+    if known_fingerprint is None:
+        return Repeat.NEW
+    if known_fingerprint != fingerprint:
+        return Repeat.CONFLICT
+    return Repeat.RESEND_TERMINAL if terminal_frame is not None else Repeat.STILL_RUNNING
+
+
 def fingerprint(raw: bytes | str) -> str:
     """A content hash of a command, for the `command.conflict` check.
 
@@ -108,10 +128,12 @@ __all__ = [
     "HostToolResult",
     "InputStart",
     "PermissionResolve",
+    "Repeat",
     "RunInput",
     "SessionReset",
     "SessionStop",
     "TurnCancel",
+    "classify_repeat",
     "decode_command",
     "fingerprint",
 ]

@@ -27,3 +27,19 @@ def test_fingerprint_ignores_key_order() -> None:
     b = b'{ "b": [1,2], "a": 1 }'
     assert fingerprint(a) == fingerprint(b)
     assert fingerprint(a) != fingerprint(b'{"a": 2, "b": [1,2]}')
+
+
+@pytest.mark.parametrize(
+    ("known", "terminal", "expected"),
+    [
+        (None, None, "new"),
+        ("fp-other", None, "conflict"),
+        ("fp-other", b'{"status":"completed"}', "conflict"),
+        ("fp", None, "still_running"),
+        ("fp", b'{"status":"completed"}', "resend_terminal"),
+    ],
+)
+def test_repeat_table(known: str | None, terminal: bytes | None, expected: str) -> None:
+    from driver.protocol.commands import classify_repeat
+
+    assert classify_repeat("fp", known, terminal).value == expected
