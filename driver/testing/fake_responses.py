@@ -30,7 +30,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from openai.types.responses import (
@@ -67,7 +66,7 @@ from openai.types.responses.response_reasoning_summary_part_done_event import Pa
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel
 
-from driver.testing.http_fake import QuietServer, ServedFake, serve_until_interrupted
+from driver.testing.http_fake import JsonHandler, QuietServer, ServedFake, serve_until_interrupted
 
 DEFAULT_TEXT = "Hello from the fake model."
 ERROR_MESSAGE = "fake model error: scripted failure"
@@ -281,29 +280,9 @@ def _event_name(event: BaseModel) -> str:
 # The HTTP server
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(JsonHandler):
     server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet: tests read `.requests` instead
-
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            return json.loads(raw) if raw else None
-        except ValueError:
-            return raw.decode("utf-8", "replace")
-
-    def _send_json(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("x-request-id", "req_fake_" + uuid.uuid4().hex[:12])
-        self.end_headers()
-        self.wfile.write(data)
+    request_id_header = "x-request-id"
 
     def do_GET(self) -> None:
         self.server.fake.record_other("GET", self.path, None)

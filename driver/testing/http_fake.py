@@ -3,10 +3,12 @@ background thread, closable, usable as a context manager, and runnable from the 
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
-from http.server import ThreadingHTTPServer
-from typing import Any, Self
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar, Self
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -18,6 +20,34 @@ class QuietServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
             return
         super().handle_error(request, client_address)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Request plumbing the fakes share: read a JSON body, answer JSON, stay quiet."""
+
+    protocol_version = "HTTP/1.1"
+    # The header a real API puts its request id in (Anthropic: request-id; OpenAI: x-request-id).
+    request_id_header: ClassVar[str] = "request-id"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: tests read the fake's recorded requests instead
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return raw.decode("utf-8", "replace")
+
+    def _send_json(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header(self.request_id_header, "req_fake_" + uuid.uuid4().hex[:12])
+        self.end_headers()
+        self.wfile.write(data)
 
 
 class ServedFake:
