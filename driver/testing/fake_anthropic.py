@@ -96,7 +96,10 @@ def plan_reply(body: dict[str, Any]) -> Reply:
     if "[[slow]]" in text:
         words = " ".join(f"word{i}" for i in range(SLOW_CHUNKS))
         return Reply((*lead, Block("text", words)), slow=True)
-    match = _MARKER.search(text)
+    # The last marker wins: a provider that merges a queued prompt (say, one interrupted before it
+    # ran) into the next user message puts the newest instruction last, and a model answers that.
+    matches = list(_MARKER.finditer(text))
+    match = matches[-1] if matches else None
     if match is None:
         return Reply((*lead, Block("text", DEFAULT_TEXT)))
     verb, arg = match.group(1), match.group(2)

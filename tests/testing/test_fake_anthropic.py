@@ -116,3 +116,12 @@ def test_other_endpoints_are_recorded(fake: FakeAnthropic) -> None:
         ("POST", "/v1/messages/count_tokens"),
         ("POST", "/v1/unknown"),
     ]
+
+
+def test_in_a_merged_user_message_the_newest_instruction_wins() -> None:
+    # Claude Code merges a prompt that was interrupted before it ran into the next user message.
+    merged = {
+        "role": "user",
+        "content": [{"type": "text", "text": "[[say:old]]"}, {"type": "text", "text": "[[say:new]]"}],
+    }
+    assert [b.text for b in plan_reply({"messages": [merged]}).blocks] == ["new"]
