@@ -686,7 +686,7 @@ class Kernel:
             return
         self._stopping = True
         self._fire("stop")
-        log.info("driver.stopping", reason=reason)
+        log.info("driver.stopping", reason=reason, outbox=self.outbox.describe())
         run = self.run
         if run is not None:
             await self.cancel_run(run, requested_by=requested_by, reason=reason)

@@ -185,7 +185,8 @@ class Link:
             if code == 1005:  # "no status received": treat like an abnormal end
                 code = 1006
         reaction = self.core.closed(code, self._clock())
-        log.info("link.closed", code=code, reaction=reaction.reason)
+        # Outbox statistics at every link change: what is waiting, how old, how often retried, drops.
+        log.info("link.closed", code=code, reaction=reaction.reason, outbox=self._outbox.describe())
         return reaction
 
     async def _handle(self, ws: ClientConnection, data: bytes, tg: anyio.abc.TaskGroup) -> None:
@@ -197,7 +198,12 @@ class Link:
             return
         frame = self.core.frame(frame, self._clock())
         if isinstance(frame, Welcome):
-            log.info("link.open", connection_id=frame.connection_id, heartbeat_ms=frame.heartbeat_interval_ms)
+            log.info(
+                "link.open",
+                connection_id=frame.connection_id,
+                heartbeat_ms=frame.heartbeat_interval_ms,
+                outbox=self._outbox.describe(),
+            )
             self._outbox.on_link_up()
             await self._hooks.on_welcome(frame)
             self.connected.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -146,6 +147,10 @@ async def test_session_stop_drains_and_exits_zero(tmp_path: Path, drivers: list[
         st = cp.command(stop)
         assert st is not None and st["status"] == "completed"
         logs = d.stderr()
+        # Outbox statistics reach the logs at link changes and at stop.
+        opened = [json.loads(line) for line in logs.splitlines() if '"link.open"' in line]
+        assert opened and "lossless_pending" in opened[0]["outbox"] and "retries" in opened[0]["outbox"]
+        assert any('"driver.stopping"' in line and '"outbox"' in line for line in logs.splitlines())
         assert TOKEN not in logs
         assert "provider-secret-777" not in logs
 
