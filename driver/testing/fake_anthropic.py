@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from driver.testing.http_fake import JsonHandler, QuietServer, ServedFake, serve_until_interrupted
+from driver.testing.script import (
+    DEFAULT_TEXT,
+    ERROR_MESSAGE,
+    SLOW_INTERVAL_S,
+    SLOW_TEXT,
+    THINKING_TEXT,
+    read_script,
+)
 
-DEFAULT_TEXT = "Hello from the fake model."
-ERROR_MESSAGE = "fake model error: scripted failure"
-SLOW_CHUNKS = 400  # x 50 ms = 20 s: long enough that only a working cancel ends it early
-SLOW_INTERVAL_S = 0.05
-THINKING_TEXT = "Let me think about this carefully."
-
-_MARKER = re.compile(r"\[\[(say|shell|write|tool):(.*?)\]\]", re.DOTALL)
+_VERBS = ("say", "shell", "write", "tool")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,19 +91,15 @@ def latest_user_turn(body: dict[str, Any]) -> tuple[str, bool]:
 
 def plan_reply(body: dict[str, Any]) -> Reply:
     text, answered = latest_user_turn(body)
-    lead: tuple[Block, ...] = (Block("thinking", THINKING_TEXT),) if "[[think]]" in text else ()
-    if "[[error]]" in text:
+    script = read_script(text, _VERBS)
+    lead: tuple[Block, ...] = (Block("thinking", THINKING_TEXT),) if script.think else ()
+    if script.error:
         return Reply(error=True)
-    if "[[slow]]" in text:
-        words = " ".join(f"word{i}" for i in range(SLOW_CHUNKS))
-        return Reply((*lead, Block("text", words)), slow=True)
-    # The last marker wins: a provider that merges a queued prompt (say, one interrupted before it
-    # ran) into the next user message puts the newest instruction last, and a model answers that.
-    matches = list(_MARKER.finditer(text))
-    match = matches[-1] if matches else None
-    if match is None:
+    if script.slow:
+        return Reply((*lead, Block("text", SLOW_TEXT)), slow=True)
+    if script.verb is None:
         return Reply((*lead, Block("text", DEFAULT_TEXT)))
-    verb, arg = match.group(1), match.group(2)
+    verb, arg = script.verb, script.arg
     if verb == "say":
         return Reply((*lead, Block("text", arg)))
     if verb == "shell":
