@@ -6,9 +6,11 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
+from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver, children
 
 
@@ -22,3 +24,10 @@ def drivers() -> Iterator[list[Driver]]:
         for pid in pids:  # a provider a failed test left behind must not outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    """The fake model endpoints the real-runtime tests point their providers at (one per module)."""
+    with ExitStack() as stack:
+        yield Fakes(stack)

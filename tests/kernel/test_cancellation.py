@@ -8,8 +8,6 @@ AGENT_DRIVER_TERM_GRACE_MS. The tests marked `provider` do the same against each
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +147,6 @@ async def test_cancel_racing_the_natural_end_has_one_consistent_terminal(tmp_pat
 
 
 # -- the real runtimes --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def fakes() -> Iterator[Fakes]:
-    with ExitStack() as stack:
-        yield Fakes(stack)
 
 
 @pytest.mark.provider

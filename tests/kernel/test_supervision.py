@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -278,12 +276,6 @@ async def test_second_signal_exits_at_once(tmp_path: Path, drivers: list[Driver]
 
 
 # -- the real runtimes --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def fakes() -> Iterator[Fakes]:
-    with ExitStack() as stack:
-        yield Fakes(stack)
 
 
 @pytest.mark.provider
