@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 import msgspec
 
@@ -131,7 +130,3 @@ def read_boot_payload(path: str) -> BootPayload:
 
 def load(cli_path: str | None) -> BootPayload:
     return read_boot_payload(resolve_boot_path(cli_path))
-
-
-def state_path(payload: BootPayload) -> Path:
-    return Path(payload.session.state_dir)

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
-import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
@@ -30,7 +29,6 @@ from driver.protocol.frames import (
     Receipt,
     Welcome,
     decode_inbound,
-    encode,
     encode_events_frame,
 )
 from driver.protocol.link import CloseReaction, LinkCore, LinkPhase, ProtocolViolation
@@ -252,7 +250,3 @@ class Link:
                 await ws.close(4408 if verdict == "silent" else 1002, verdict)
                 scope.cancel()
                 return
-
-
-def encode_frame(frame: msgspec.Struct) -> bytes:
-    return encode(frame)
