@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+EX_TEMPFAIL = 75  # as for 4409: another process owns this instance's state_dir
 
 def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
@@ -26,6 +27,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
         return boot_mod.EX_CONFIG
     logs.REDACTOR.add([payload.control.token, *payload.execution.environment.values()])
+    from pathlib import Path
+
+    from driver import statelock
+
+    # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
+    try:
+        lock = statelock.acquire(Path(payload.session.state_dir))
+    except statelock.StateDirLocked as exc:
+        print(f"agent-driver: {exc}", file=sys.stderr)
+        return EX_TEMPFAIL
+    from driver import containment
+
+    # What a previous process for this state_dir left behind dies before our own provider starts.
+    containment.track(Path(payload.session.state_dir))
     import anyio
 
     from driver.kernel import Kernel
@@ -35,7 +50,10 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
         return boot_mod.EX_CONFIG
-    return anyio.run(kernel.serve)
+    try:
+        return anyio.run(kernel.serve)
+    finally:
+        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:

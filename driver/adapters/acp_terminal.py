@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ from typing import Any
 
 import anyio
 import anyio.abc
+
+from driver import containment
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 MAX_OUTPUT_LIMIT = 16 * 1024 * 1024
@@ -82,7 +85,7 @@ class Terminal:
         return data.decode("utf-8", errors="replace")
 
     def exit_status(self) -> dict[str, Any] | None:
-        code = self.process.returncode
+        code = containment.exit_status(self.process.returncode)
         if code is None or not self.exited.is_set():
             return None
         if code < 0:
@@ -101,6 +104,7 @@ class Terminal:
         self.kill()
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await self.exited.wait()
+        containment.ended(self.process.pid)
         for task in self._tasks:
             task.cancel()
 
@@ -125,18 +129,27 @@ class TerminalManager:
             raise TerminalError(f"too many terminals open (limit {MAX_TERMINALS}); release some first")
         limit = DEFAULT_OUTPUT_LIMIT if output_byte_limit is None else output_byte_limit
         limit = max(0, min(limit, MAX_OUTPUT_LIMIT))
+        full_env = {**self._env, **env}
+        run_in = str(cwd or self._default_cwd)
+        # The wrapper would turn these into its own exit status 1: say what is wrong instead.
+        if not Path(run_in).is_dir():
+            raise TerminalError(f"cannot start {command!r}: no such directory {run_in}")
+        if shutil.which(command, path=full_env.get("PATH", os.defpath)) is None:
+            raise TerminalError(f"cannot start {command!r}: No such file or directory")
         try:
+            # Wrapped like a provider: a terminal the driver runs for the agent must not outlive it.
             process = await anyio.open_process(
-                [command, *args],
+                containment.wrap([command, *args]),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                cwd=str(cwd or self._default_cwd),
-                env={**self._env, **env},
+                cwd=run_in,
+                env=full_env,
                 start_new_session=True,
             )
         except OSError as exc:
             raise TerminalError(f"cannot start {command!r}: {exc.strerror or type(exc).__name__}") from None
+        containment.started(process.pid)
         terminal_id = f"term-{next(self._ids)}"
         self._terminals[terminal_id] = Terminal(terminal_id, process, limit)
         return terminal_id

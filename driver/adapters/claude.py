@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import anyio
 import claude_agent_sdk as sdk
 
+from driver import containment
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -340,6 +341,8 @@ class ClaudeAdapter(Adapter):
             ) from None
         self.connect_seconds = time.monotonic() - started
         self._client = client
+        if (pid := _cli_pid(client)) is not None:
+            containment.started(pid)  # so the next driver process can clean up after this one
         self._session_id = session_id
 
     def _options(self, *, resume: str | None, session_id: str | None) -> Any:
@@ -421,6 +424,7 @@ class ClaudeAdapter(Adapter):
 
     async def _disconnect(self, client: Any) -> None:
         pgid = self._pgid(client)
+        pid = _cli_pid(client)
         # Shielded: stop() is often reached while being cancelled. A dead CLI must not make it raise.
         with (
             anyio.CancelScope(shield=True),
@@ -432,6 +436,8 @@ class ClaudeAdapter(Adapter):
             # Whatever the CLI left behind in its group (shell tools, MCP servers) goes with it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        if pid is not None:
+            containment.ended(pid)
 
     def _pgid(self, client: Any) -> int | None:
         if not self._launcher_used:
@@ -631,3 +637,9 @@ def _init_session(message: Any) -> str | None:
         value = message.data.get("session_id")
         return value if isinstance(value, str) else None
     return None
+
+
+def _cli_pid(client: Any) -> int | None:
+    """The pid of the process the SDK started (our launcher, exec'ed into the CLI's wrapper)."""
+    pid = getattr(getattr(getattr(client, "_transport", None), "_process", None), "pid", None)
+    return pid if isinstance(pid, int) else None

@@ -8,7 +8,9 @@ exit and sets `exited`. Neither can raise; `terminate()` reaps the process and t
 caller owns the `ProviderProcess` object and must call `terminate()` when done with it.
 
 The process gets its own session and so its own process group (`start_new_session=True`), which lets
-the kernel SIGTERM/SIGKILL the provider together with every tool process it started.
+the kernel SIGTERM/SIGKILL the provider together with every tool process it started. It is started
+through `driver.containment.wrap` (a PID namespace tied to the driver), so nothing it starts outlives
+the driver, and recorded so that the next driver process can clean up after this one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Mapping
@@ -27,6 +30,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from driver import containment
 from driver.adapters.base import ProviderError
 
 log = structlog.get_logger(__name__)
@@ -105,9 +109,16 @@ class ProviderProcess:
         """
         if not argv:
             raise ValueError("argv must not be empty")
+        # The wrapper would turn a missing binary or cwd into its own exit status: check them first.
+        if not Path(cwd).is_dir():
+            raise ProviderError("provider.missing", f"{name}: working directory {cwd} not found")
+        if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+            missing = not (os.sep in argv[0] and Path(argv[0]).exists())
+            what = "not found" if missing else "is not executable"
+            raise ProviderError("provider.missing", f"{name}: executable {argv[0]} {what}")
         try:
             process = await anyio.open_process(
-                argv,
+                containment.wrap(argv),
                 stdin=PIPE,
                 stdout=PIPE,
                 stderr=PIPE,
@@ -122,12 +133,13 @@ class ProviderProcess:
         except PermissionError as exc:
             raise ProviderError("provider.missing", f"{name}: {argv[0]} is not executable") from exc
         self = cls(process, name=name, secrets=secret_values(env), stderr_lines=stderr_lines)
+        containment.started(self.pid)
         log.debug("provider.spawned", provider=name, pid=self.pid)
         return self
 
     @property
     def returncode(self) -> int | None:
-        return self._process.returncode
+        return containment.exit_status(self._process.returncode)
 
     # -- stderr ----------------------------------------------------------------------------------
 
@@ -185,7 +197,7 @@ class ProviderProcess:
         await self.exited.wait()
         with anyio.move_on_after(1.0):
             await self._stderr_done.wait()
-        code = self._process.returncode
+        code = containment.exit_status(self._process.returncode)
         assert code is not None
         return code
 
@@ -208,6 +220,7 @@ class ProviderProcess:
                 # Even if the leader exited on SIGTERM, kill stragglers left in its group.
                 self.signal_group(signal.SIGKILL)
             code = await self.wait()
+            containment.ended(self.pid)
             for task in self._tasks:
                 task.cancel()
             with contextlib.suppress(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -27,6 +28,24 @@ async def _spawn(code: str, **kw: object) -> ProviderProcess:
         name="test",
         **kw,  # type: ignore[arg-type]
     )
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def in_group(pgid: int) -> list[int]:
+    """Every process in process group `pgid`, from /proc (outer-namespace pids)."""
+    out: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    out.append(int(entry.name))
+    return out
 
 
 async def test_missing_binary_is_provider_missing(tmp_path: Path) -> None:
@@ -99,8 +118,11 @@ async def test_terminate_escalates_to_sigkill_and_kills_the_group() -> None:
     proc = await _spawn(code)
     with anyio.fail_after(10):
         line = await proc.stdout.receive()
-    child_pid = int(line.split()[0])
-    assert os.getpgid(child_pid) == proc.pgid
+    assert line.split()[0].isdigit()
+    # The pid printed is the one inside the provider's PID namespace; find the child from outside.
+    sleepers = [p for p in in_group(proc.pgid) if _cmdline(p) == b"sleep\x00300\x00"]
+    assert len(sleepers) == 1
+    child_pid = sleepers[0]
     # A pidfd becomes readable when the (non-child) process exits: an event, not a poll.
     child_fd = os.pidfd_open(child_pid)
     started = time.monotonic()
@@ -119,13 +141,19 @@ async def test_terminate_escalates_to_sigkill_and_kills_the_group() -> None:
 
 
 async def test_terminate_is_graceful_when_sigterm_is_honoured() -> None:
-    proc = await _spawn("import time; time.sleep(300)")
+    proc = await _spawn("import time; print('up', flush=True); time.sleep(300)")
+    with anyio.fail_after(10):
+        await proc.stdout.receive()  # running (not still inside the wrapper, which ignores SIGTERM)
     with anyio.fail_after(10):
         assert await proc.terminate(grace=5.0) == -signal.SIGTERM
 
 
 async def test_terminate_survives_a_cancelled_caller() -> None:
-    proc = await _spawn("import time; time.sleep(300)")
+    # Wait until the provider runs: during the wrapper's first milliseconds SIGTERM is ignored (the
+    # provider gets the default disposition back when it starts; SIGKILL after the grace covers that).
+    proc = await _spawn("import time; print('up', flush=True); time.sleep(300)")
+    with anyio.fail_after(10):
+        await proc.stdout.receive()
     with anyio.CancelScope() as scope:
         scope.cancel()
         await proc.terminate(grace=5.0)

@@ -1,0 +1,224 @@
+"""Provider processes die with their driver (PROTOCOL §8).
+
+Two mechanisms, one per way a driver can end:
+
+- **Dying with the driver.** Every provider (and every ACP terminal command the driver runs for one)
+  is started through `wrap()`: by default `bwrap --unshare-pid --die-with-parent --dev-bind / /`, a
+  PID namespace whose init is tied to the driver by PR_SET_PDEATHSIG. When the driver dies, however it
+  dies, bwrap gets SIGKILL, its init follows, and the kernel kills every process in the namespace,
+  including tools that left the provider's process group or session (`setsid`). The file system,
+  environment, uid and working directory are the driver's own (`--dev-bind / /`); the provider runs as
+  pid 2 under bwrap's init, so a SIGTERM sent to the provider's process group still reaches it (a pid 1
+  would ignore it). PDEATHSIG fires when the *thread* that forked the child exits: every spawn happens
+  on the event loop's thread (asyncio forks there), never in a worker thread.
+  Where namespaces are forbidden, the fallback is `setpriv --pdeathsig KILL` (the provider itself
+  dies with the driver; what it started in another session is only caught by the next driver's
+  clean-up below). `AGENT_DRIVER_CONTAINMENT=pidns|pdeathsig|none` forces a mode (benchmarks, tests).
+- **Cleaning up after a predecessor.** The pid, process group and start time (field 22 of
+  `/proc/<pid>/stat`) of every process spawned through here are recorded in
+  `state_dir/driver/processes.json`. A new driver process, holding the `state_dir` lock, kills what
+  is recorded there before it starts its own provider: a leader only when its start time still
+  matches (so a reused pid is never signalled), and members of a recorded group whose leader is gone
+  only when they started after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from driver import logs
+
+log = logs.get("driver.containment")
+
+ENV_MODE = "AGENT_DRIVER_CONTAINMENT"
+MODES = ("auto", "pidns", "pdeathsig", "none")
+RECORD_NAME = "processes.json"
+
+_prefix: list[str] | None = None
+_prefix_lock = threading.Lock()
+_record: ProcessRecord | None = None
+
+
+def _pidns_prefix() -> list[str] | None:
+    bwrap = shutil.which("bwrap")
+    env = shutil.which("env")
+    if bwrap is None or env is None:
+        return None
+    # bwrap itself ignores SIGTERM (`env --ignore-signal`; env execs in place, so bwrap's parent is
+    # still the driver): were it to die of the SIGTERM sent to the provider's group, its PDEATHSIG
+    # would SIGKILL the provider at once and the grace period of a cancel would mean nothing. The
+    # provider gets the default back (`env --default-signal`). SIGKILL still ends everything.
+    prefix = [
+        env,
+        "--ignore-signal=TERM",
+        bwrap,
+        "--unshare-pid",
+        "--die-with-parent",
+        "--dev-bind",
+        "/",
+        "/",
+        "--",
+        env,
+        "--default-signal=TERM",
+    ]
+    # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return prefix if ok else None
+
+
+def _pdeathsig_prefix() -> list[str] | None:
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
+
+
+def prefix() -> list[str]:
+    """The argv prefix every provider process is started with (chosen once per process)."""
+    global _prefix
+    with _prefix_lock:
+        if _prefix is None:
+            mode = os.environ.get(ENV_MODE, "auto")
+            if mode not in MODES:
+                raise ValueError(f"{ENV_MODE} must be one of {', '.join(MODES)}, not {mode!r}")
+            chosen: list[str] | None = None
+            if mode in ("auto", "pidns"):
+                chosen = _pidns_prefix()
+            if chosen is None and mode in ("auto", "pdeathsig"):
+                chosen = _pdeathsig_prefix()
+            _prefix = chosen or []
+            log.info("containment.mode", mode=mode_of(_prefix))
+        return list(_prefix)
+
+
+def mode_of(argv_prefix: list[str]) -> str:
+    if not argv_prefix:
+        return "none"
+    return "pidns" if "--unshare-pid" in argv_prefix else "pdeathsig"
+
+
+def wrap(argv: list[str]) -> list[str]:
+    return [*prefix(), *argv]
+
+
+def exit_status(code: int | None) -> int | None:
+    """A wrapped process's exit status as if it were not wrapped. bwrap reports a command killed by
+    signal N as 128+N; we report it as -N, like subprocess does (an exit(128+N) reads the same)."""
+    if code is not None and code > 128 and _prefix and mode_of(_prefix) == "pidns":
+        return -(code - 128)
+    return code
+
+
+# -- the record of what this driver process started ---------------------------------------------------
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, a process's identity."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields start after the last ')'.
+    return raw[raw.rfind(b")") + 2 :].decode().split()
+
+
+class ProcessRecord:
+    """`state_dir/driver/processes.json`: [{pid, pgid, start}] of the processes still running."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "driver" / RECORD_NAME
+        self._entries: dict[int, dict[str, int]] = {}
+
+    def add(self, pid: int) -> None:
+        start = start_time(pid)
+        if start is None:
+            return  # already gone: nothing to clean up later
+        fields = _stat_fields(pid)
+        pgid = int(fields[2]) if fields else pid
+        self._entries[pid] = {"pid": pid, "pgid": pgid, "start": start}
+        self._write()
+
+    def remove(self, pid: int) -> None:
+        if self._entries.pop(pid, None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(self._entries.values())))
+        tmp.replace(self.path)
+
+    def read(self) -> list[dict[str, int]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+        return [e for e in data if isinstance(e, dict) and {"pid", "pgid", "start"} <= e.keys()]
+
+
+def reap(entries: Iterable[dict[str, int]]) -> list[int]:
+    """SIGKILL what a predecessor left: verified leaders and their groups. Returns the pids killed."""
+    killed: set[int] = set()
+    for e in entries:
+        pid, pgid, start = int(e["pid"]), int(e["pgid"]), int(e["start"])
+        current = start_time(pid)
+        if current is not None and current != start:
+            continue  # the pid was reused: that process and its group are not ours
+        if current is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        for member in _group_members(pgid, not_before=start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, signal.SIGKILL)
+                killed.add(member)
+    return sorted(killed)
+
+
+def _group_members(pgid: int, *, not_before: int) -> list[int]:
+    members: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields and int(fields[2]) == pgid and int(fields[19]) >= not_before:
+            members.append(int(entry.name))
+    return members
+
+
+def track(state_dir: Path) -> list[int]:
+    """Called once, holding the state_dir lock, before any provider starts: kill what a previous
+    process left behind, then record what this one starts. Returns the pids killed."""
+    global _record
+    record = ProcessRecord(state_dir)
+    killed = reap(record.read()) if record.path.exists() else []
+    if killed:
+        log.warning("containment.predecessor_killed", pids=killed)
+    record._write()  # start empty: everything recorded before is dead or was never ours
+    _record = record
+    prefix()  # probe now, before the event loop runs, not at the first spawn
+    return killed
+
+
+def started(pid: int) -> None:
+    if _record is not None:
+        _record.add(pid)
+
+
+def ended(pid: int) -> None:
+    if _record is not None:
+        _record.remove(pid)
