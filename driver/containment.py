@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -54,20 +55,27 @@ def _pidns_prefix() -> list[str] | None:
         return None
     # bwrap itself ignores SIGTERM (`env --ignore-signal`; env execs in place, so bwrap's parent is
     # still the driver): were it to die of the SIGTERM sent to the provider's group, its PDEATHSIG
-    # would SIGKILL the provider at once and the grace period of a cancel would mean nothing. The
-    # provider gets the default back (`env --default-signal`). SIGKILL still ends everything.
+    # would SIGKILL the provider at once and the grace period of a cancel would mean nothing.
+    # pid 1 of the namespace is a shell (`--as-pid-1`), bwrap's direct child, which bwrap reaps (with
+    # bwrap's own init, bwrap exits before its init is reaped and leaves a zombie to the machine's
+    # pid 1). As pid 1 the shell ignores SIGTERM; it runs the provider as pid 2 with SIGTERM's default
+    # back and the real stdin (fd 3: an asynchronous command's stdin would be /dev/null), waits for it
+    # and exits with its status, which ends the namespace and everything in it.
     prefix = [
         env,
         "--ignore-signal=TERM",
         bwrap,
         "--unshare-pid",
         "--die-with-parent",
+        "--as-pid-1",
         "--dev-bind",
         "/",
         "/",
         "--",
-        env,
-        "--default-signal=TERM",
+        "/bin/sh",
+        "-c",
+        f'exec 3<&0; {shlex.quote(env)} --default-signal=TERM "$@" <&3 3<&- & wait $!',
+        "sh",
     ]
     # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
     try:
@@ -108,6 +116,33 @@ def mode_of(argv_prefix: list[str]) -> str:
 
 def wrap(argv: list[str]) -> list[str]:
     return [*prefix(), *argv]
+
+
+def kill_group(pgid: int, sig: int) -> bool:
+    """`killpg`, except that SIGKILL for a group led by the PID-namespace wrapper goes to the
+    namespace's pid 1 only: the kernel then kills everything in the namespace, and bwrap reaps its
+    child and exits by itself. Killing bwrap at the same time could orphan pid 1 before it is reaped
+    (a zombie left to the machine's init, or to the driver when the driver is pid 1).
+    Returns whether the group existed; PermissionError propagates (the caller reports it)."""
+    if sig == signal.SIGKILL and _prefix and mode_of(_prefix) == "pidns":
+        inner = _children(pgid)
+        if inner:
+            for pid in inner:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return True
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def exit_status(code: int | None) -> int | None:

@@ -11,7 +11,6 @@ error) and the exit watcher (which saw the process go) never count one crash twi
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
 import weakref
@@ -21,7 +20,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from driver import logs
+from driver import containment, logs
 from driver.adapters.base import Adapter, ProviderError
 from driver.supervision import CrashWindow
 
@@ -239,10 +238,8 @@ class ProviderSupervisor:
         hit: list[int] = []
         for pgid in adapter.process_group_ids():
             try:
-                os.killpg(pgid, sig)
-                hit.append(pgid)
-            except ProcessLookupError:
-                pass
+                if containment.kill_group(pgid, sig):
+                    hit.append(pgid)
             except PermissionError as exc:
                 log.warning("provider.signal_failed", pgid=pgid, error=str(exc))
         return hit
@@ -261,8 +258,8 @@ class ProviderSupervisor:
             if not stopped:
                 log.warning("provider.stop_timeout", timeout_s=self.stop_timeout_s)
                 for pgid in groups:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(pgid, signal.SIGKILL)
+                    with contextlib.suppress(PermissionError):
+                        containment.kill_group(pgid, signal.SIGKILL)
 
     async def stop(self) -> None:
         """Stop for good: no more replacements, the current provider stopped within the bound."""

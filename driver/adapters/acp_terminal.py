@@ -97,8 +97,8 @@ class Terminal:
         return {"exitCode": code, "signal": None}
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(PermissionError):
+            containment.kill_group(self.process.pid, signal.SIGKILL)
 
     async def close(self) -> None:
         self.kill()

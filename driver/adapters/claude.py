@@ -434,8 +434,8 @@ class ClaudeAdapter(Adapter):
             await client.disconnect()
         if pgid is not None:
             # Whatever the CLI left behind in its group (shell tools, MCP servers) goes with it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+            with contextlib.suppress(PermissionError):
+                containment.kill_group(pgid, signal.SIGKILL)
         if pid is not None:
             containment.ended(pid)
 

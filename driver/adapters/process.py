@@ -203,8 +203,8 @@ class ProviderProcess:
 
     def signal_group(self, sig: int) -> None:
         """Send `sig` to the whole process group; silently nothing if the group is gone."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, sig)
+        with contextlib.suppress(PermissionError):
+            containment.kill_group(self.pgid, sig)
 
     async def terminate(self, grace: float = 3.0) -> int:
         """Close stdin, SIGTERM the group, SIGKILL it after `grace` seconds, reap. Idempotent, and

@@ -103,6 +103,7 @@ class ControlPlane:
         heartbeat_interval_ms: int = 5000,
         max_batch_events: int = 256,
         max_batch_bytes: int = 1_048_576,
+        max_event_bytes: int = 262_144,
         hello_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
@@ -115,6 +116,7 @@ class ControlPlane:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_batch_events = max_batch_events
         self.max_batch_bytes = max_batch_bytes
+        self.max_event_bytes = max_event_bytes
         self.hello_timeout_s = hello_timeout_s
         # How long a close waits for the peer's close frame before dropping the TCP connection.
         self.close_timeout_s = close_timeout_s
@@ -509,6 +511,7 @@ class ControlPlane:
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             max_batch_events=self.max_batch_events,
             max_batch_bytes=self.max_batch_bytes,
+            max_event_bytes=self.max_event_bytes,
             accepted_capabilities=[c.id for c in hello.capabilities if c.supported],
         )
         try:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from driver.protocol.events import EVENT_KINDS, Delivery
+from driver.protocol.events import EVENT_KINDS, Delivery, PayloadError, split_truncated
 
 MAX_EVENT_ID_CHARS = 512
 
@@ -121,7 +121,11 @@ def _check_slowly(raw: bytes) -> ValidEvent | InvalidEvent:
     if stamp.tzinfo is None:
         return InvalidEvent(event_id=event_id, message="occurred_at needs a time zone (use Z)")
     try:
-        msgspec.convert(env.payload, spec.payload)
+        # A payload cut to fit carries a `truncated` note (PROTOCOL §4.3), checked on its own.
+        rest, _ = split_truncated(env.kind, env.payload)
+        msgspec.convert(rest, spec.payload)
+    except PayloadError as exc:
+        return InvalidEvent(event_id=event_id, message=f"payload of {exc}")
     except msgspec.ValidationError as exc:
         return InvalidEvent(event_id=event_id, message=f"payload of {env.kind}: {exc}")
     return _valid(env, _canonical.encode(env.payload).decode(), raw)

@@ -30,7 +30,15 @@ from driver.ports.files import AllowedRoots
 from driver.ports.host_tools import HostToolBroker
 from driver.ports.permissions import PermissionBroker
 from driver.protocol.boot import BootPayload
-from driver.protocol.events import EVENT_KINDS, RUN_TERMINALS, PayloadError, validate_payload
+from driver.protocol.events import (
+    DEFAULT_MAX_EVENT_BYTES,
+    EVENT_KINDS,
+    RUN_TERMINALS,
+    PayloadError,
+    event_limit,
+    fit_payload,
+    validate_payload,
+)
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
     Capability,
@@ -52,7 +60,6 @@ from driver.supervisor import ProviderSupervisor
 
 log = logs.get("driver.kernel")
 
-MAX_PAYLOAD_BYTES = 1024 * 1024
 # Events the provider room watches: they move the current native ref or the transcript.
 _OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "message.completed"})
 
@@ -82,6 +89,7 @@ class Kernel:
         self.last_activity = time.monotonic()
         self.stopping = False
         self.link: Any = None
+        self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES  # until a welcome says otherwise (§4.3)
         self._tg: anyio.abc.TaskGroup | None = None
         ex = boot.execution
         self.permissions = PermissionBroker(
@@ -173,9 +181,8 @@ class Kernel:
             run_id = payload.get("run_id")
         if kind in _OBSERVED:
             await self.provider.observe(kind, payload)
-        body = validate_payload(kind, payload)
-        if len(body) > MAX_PAYLOAD_BYTES:
-            body = validate_payload(kind, _shrink(payload))
+        # PROTOCOL §4.3: cut to fit before admission, so no event can wedge the link.
+        body = fit_payload(kind, validate_payload(kind, payload), self.max_event_bytes)
         return await self.outbox.admit(kind, body, spec.delivery, run_id)
 
     # -- states ---------------------------------------------------------------------------------------
@@ -228,7 +235,7 @@ class Kernel:
         )
 
     async def on_welcome(self, welcome: Welcome) -> None:
-        pass
+        self.max_event_bytes = event_limit(welcome)
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
         await self.commands.on_command(head, raw)
@@ -318,15 +325,3 @@ class Kernel:
                     self.done.set()
                     return
                 self.spawn(lambda: self.stop(reason="signal", requested_by="signal"))
-
-
-def _shrink(payload: dict[str, Any], budget: int = MAX_PAYLOAD_BYTES // 2) -> dict[str, Any]:
-    """Cut oversized string fields so an event fits a frame; says how much was cut."""
-    out: dict[str, Any] = {}
-    for key, value in payload.items():
-        if isinstance(value, str) and len(value) > budget // 4:
-            cut = len(value) - budget // 4
-            out[key] = value[: budget // 4] + f"…[truncated {cut} chars]"
-        else:
-            out[key] = value
-    return out

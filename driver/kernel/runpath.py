@@ -18,7 +18,7 @@ from driver import logs
 from driver.adapters.base import Adapter, PathNotAllowed, ProviderError, TurnOutcome
 from driver.ports import artifacts
 from driver.protocol import commands as cmds
-from driver.protocol.events import EVENT_KINDS, validate_payload
+from driver.protocol.events import EVENT_KINDS, fit_payload, validate_payload
 from driver.protocol.frames import CommandError
 from driver.queue.outbox import utc_now
 from driver.runs import Run, choose_terminal, declined_tool_events
@@ -47,7 +47,8 @@ class RunPath:
     async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
         spec = EVENT_KINDS[kind]
-        return await self.k.outbox.admit(kind, validate_payload(kind, payload), spec.delivery, run_id)
+        body = fit_payload(kind, validate_payload(kind, payload), self.k.max_event_bytes)  # §4.3
+        return await self.k.outbox.admit(kind, body, spec.delivery, run_id)
 
     async def input_start(self, command: cmds.InputStart, fp: str) -> None:
         k = self.k

@@ -7,7 +7,7 @@ then stamps the envelope.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -258,16 +258,72 @@ class PayloadError(ValueError):
     pass
 
 
+class Truncated(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PROTOCOL §4.3: the note an event cut to fit carries, in any kind's payload."""
+
+    original_bytes: Annotated[int, msgspec.Meta(ge=0)]
+
+
+TRUNCATED = "truncated"
+
+
+def split_truncated(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], Truncated | None]:
+    """The payload without its `truncated` note, and the note checked (PayloadError when malformed)."""
+    if TRUNCATED not in payload:
+        return payload, None
+    rest = {k: v for k, v in payload.items() if k != TRUNCATED}
+    try:
+        return rest, msgspec.convert(payload[TRUNCATED], Truncated)
+    except msgspec.ValidationError as exc:
+        raise PayloadError(f"{kind}: truncated: {exc}") from None
+
+
 def validate_payload(kind: str, payload: dict[str, Any]) -> bytes:
-    """Check `payload` against the kind's schema and return its canonical JSON encoding."""
+    """Check `payload` against the kind's schema and return its canonical JSON encoding (a
+    `truncated` note, when present, is checked and kept as the last field)."""
     spec = EVENT_KINDS.get(kind)
     if spec is None:
         raise PayloadError(f"unknown event kind {kind!r}")
+    payload, note = split_truncated(kind, payload)
     try:
         value = msgspec.convert(payload, spec.payload)
     except msgspec.ValidationError as exc:
         raise PayloadError(f"{kind}: {exc}") from None
-    return msgspec.json.encode(value)
+    body = msgspec.json.encode(value)
+    if note is None:
+        return body
+    tail = b'"truncated":' + msgspec.json.encode(note) + b"}"
+    return body[:-1] + (tail if body == b"{}" else b"," + tail)
+
+
+DEFAULT_MAX_EVENT_BYTES = 256 * 1024  # PROTOCOL §4.3, until a welcome says otherwise
+# Room for the envelope (ids, seq, timestamps) around a payload of max_event_bytes within a batch.
+ENVELOPE_ALLOWANCE = 1024
+
+
+def event_limit(welcome: Any) -> int:
+    """The payload limit a welcome sets: its max_event_bytes, never more than what fits its batch."""
+    return max(1024, min(int(welcome.max_event_bytes), int(welcome.max_batch_bytes) - ENVELOPE_ALLOWANCE))
+
+
+def fit_payload(kind: str, body: bytes, limit: int) -> bytes:
+    """PROTOCOL §4.3: `body` (a validated payload) when it fits `limit` bytes, else its cut, which
+    validates again. PayloadError when even the cut cannot fit (identity fields larger than the limit)."""
+    if len(body) <= limit:
+        return body
+    from driver.protocol.oversize import Oversize, cut
+
+    payload = msgspec.json.decode(body)
+    budget = limit
+    for _ in range(3):
+        try:
+            out = validate_payload(kind, cut(payload, budget))
+        except Oversize as exc:
+            raise PayloadError(f"{kind}: {exc}") from None
+        if len(out) <= limit:
+            return out
+        budget -= len(out) - limit  # the schema's encoding differed from the dict's: cut that much more
+    raise PayloadError(f"{kind}: payload of {len(body)} bytes could not be cut to {limit} bytes")
 
 
 def event_id_for(instance_id: str, epoch: int, seq: int) -> str:

@@ -51,6 +51,7 @@ class Welcome(msgspec.Struct, tag="welcome", tag_field="type", kw_only=True):
     heartbeat_interval_ms: int = 5000
     max_batch_events: int = 256
     max_batch_bytes: int = 1_048_576
+    max_event_bytes: int = 262_144
     accepted_capabilities: list[str] = msgspec.field(default_factory=list)
 
 

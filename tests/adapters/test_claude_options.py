@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from driver import containment
 from driver.adapters.claude_options import (
     mcp_servers,
     provider_environment,
@@ -67,7 +68,8 @@ def test_redactor_masks_secret_values() -> None:
 
 def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Path) -> None:
     probe = tmp_path / "probe.sh"
-    probe.write_text("#!/bin/sh\necho \"pgid=$(ps -o pgid= -p $$ | tr -d ' ') pid=$$ keep=$KEEP drop=$DROP\"\n")
+    # /proc/self/stat from the shell itself: its pgid as seen from outside its PID namespace.
+    probe.write_text("#!/bin/sh\nread -r _ _ _ _ pgid _ < /proc/self/stat\necho \"pgid=$pgid keep=$KEEP drop=$DROP\"\n")
     probe.chmod(0o755)
     launcher = write_launcher(
         tmp_path, probe, keep=["KEEP", "PATH"], parent={"DROP": "value-of-drop", "KEEP": "y", "PATH": "p"}
@@ -75,7 +77,11 @@ def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Pa
     assert launcher is not None  # setsid and env are installed here (util-linux, coreutils)
     assert "value-of-drop" not in launcher.read_text()  # names only, never values
     env = {"DROP": "leaked", "KEEP": "kept", "PATH": os.environ["PATH"]}
-    out = subprocess.run([str(launcher)], env=env, capture_output=True, text=True, check=True).stdout
+    proc = subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
     fields = dict(part.split("=", 1) for part in out.split())
     assert fields["keep"] == "kept" and fields["drop"] == ""
-    assert fields["pgid"] == fields["pid"]  # its own process group, same pid (exec, no fork)
+    # Its own process group, led by the process the SDK started (exec all the way, no fork).
+    assert fields["pgid"] == str(proc.pid)
+    assert containment.prefix()[0] in launcher.read_text()  # contained like every provider
