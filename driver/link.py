@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from driver import logs
+from driver.protocol.batching import BatchLimit
 from driver.protocol.boot import ControlConfig
 from driver.protocol.frames import (
     MAX_FRAME_BYTES,
@@ -35,6 +36,8 @@ from driver.protocol.link import CloseReaction, LinkCore, LinkPhase, ProtocolVio
 from driver.queue.outbox import Outbox
 
 log = logs.get("driver.link")
+
+CLOSE_TOO_BIG = 1009
 
 
 class TransportRefused(ValueError):
@@ -101,6 +104,7 @@ class Link:
         self._send_lock = anyio.Lock()
         self.connected = anyio.Event()
         self.reconnects = 0
+        self.batches = BatchLimit(MAX_FRAME_BYTES)
 
     @property
     def is_open(self) -> bool:
@@ -183,6 +187,8 @@ class Link:
             if code == 1005:  # "no status received": treat like an abnormal end
                 code = 1006
         reaction = self.core.closed(code, self._clock())
+        if code == CLOSE_TOO_BIG:
+            await self._refused_too_big()
         # Outbox statistics at every link change: what is waiting, how old, how often retried, drops.
         log.info("link.closed", code=code, reaction=reaction.reason, outbox=self._outbox.describe())
         return reaction
@@ -216,16 +222,34 @@ class Link:
 
     async def _sender(self, ws: ClientConnection, welcome: Welcome) -> None:
         max_events = max(1, welcome.max_batch_events)
-        max_bytes = max(1024, min(welcome.max_batch_bytes, MAX_FRAME_BYTES - 1024))
+        self.batches.connected()
+        max_bytes = self.batches.limit(welcome.max_batch_bytes)
         while True:
             await self._outbox.wait_sendable()
             batch = self._outbox.take_batch(max_events, max_bytes)
+            if finals := self._outbox.take_local_rejections():
+                await self._hooks.on_final_rejections(finals)
             if batch is None:
                 await anyio.lowlevel.checkpoint()
                 continue
             frame = encode_events_frame(batch.number, batch.frame_events)
+            self.batches.sent(len(frame))
             async with self._send_lock:
                 await ws.send(frame, text=True)
+
+    async def _refused_too_big(self) -> None:
+        """PROTOCOL §4.3: 1009 halves the batch size for this link; at the floor, the oldest event
+        (the one no frame can carry) is finally rejected, so it is never sent again."""
+        largest = self.batches.largest_sent
+        if self.batches.refused():
+            finals = self._outbox.reject_oldest(
+                "event.too_large", "the control plane refused it at the smallest frame size"
+            )
+            log.error("link.too_big_at_floor", frame_bytes=largest)
+            if finals:
+                await self._hooks.on_final_rejections(finals)
+        else:
+            log.warning("link.too_big", frame_bytes=largest, batch_bytes=self.batches.cap)
 
     async def _heartbeats(self, ws: ClientConnection, welcome: Welcome) -> None:
         interval = max(0.05, welcome.heartbeat_interval_ms / 1000.0)

@@ -46,6 +46,8 @@ class Faults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     close_code: Annotated[int, msgspec.Meta(ge=1000, le=4999)] = 1011
     # Refuse every new link with 4401, as if the token were revoked.
     reject_auth: bool = False
+    # Close with 1009 (message too big), storing nothing, on any frame larger than this many bytes.
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     def update(self, patch: dict[str, Any]) -> None:
         """Apply a partial settings dict, all-or-nothing; raises msgspec.ValidationError naming the knob."""
@@ -82,6 +84,10 @@ class Faults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.duplicate_receipts:
             frames = [f for f in frames for _ in (0, 1)]
         return [(self.receipt_delay_ms, f) for f in frames], None
+
+    def too_big(self, size: int) -> bool:
+        """Whether a frame of `size` bytes is refused with 1009."""
+        return self.max_frame_bytes is not None and size > self.max_frame_bytes
 
     def count_frame(self, frame_type: str) -> tuple[CloseStage, int] | None:
         """Count one inbound frame; when the countdown reaches zero, say where to close and how."""

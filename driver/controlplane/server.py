@@ -54,6 +54,7 @@ log = structlog.get_logger("agent_driver.controlplane")
 R = TypeVar("R")
 
 CLOSE_PROTOCOL = 4400
+CLOSE_TOO_BIG = 1009  # a frame over the fault knob max_frame_bytes (PROTOCOL §4.3)
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_HEARTBEAT = 4408
@@ -123,6 +124,7 @@ class ControlPlane:
         # With a server TLS context the link is wss:// (the HTTP API stays plain, on loopback).
         self.ssl_context = ssl_context
         self.faults = Faults()
+        self.refused_frames: list[int] = []  # sizes of frames refused with 1009 (fault knob)
         self._tokens: dict[str, frozenset[str] | None] = {
             t: (None if ids is None else frozenset(ids)) for t, ids in tokens.items()
         }
@@ -540,6 +542,10 @@ class ControlPlane:
     async def _on_frame(self, link: _Link, raw: str | bytes) -> bool:
         """Handle one frame after the handshake; False when the link is being closed."""
         link.last_heard = asyncio.get_running_loop().time()
+        if self.faults.too_big(len(raw)):
+            self.refused_frames.append(len(raw))
+            await self._close(link.ws, CLOSE_TOO_BIG, "message too big")
+            return False
         frame = self._decode(raw)
         if isinstance(frame, str):
             await self._close(link.ws, CLOSE_PROTOCOL, frame[:120])

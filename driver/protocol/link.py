@@ -44,6 +44,7 @@ CLOSE_CODES: dict[int, CloseReaction] = {
     1000: CloseReaction(True, None, reason="normal closure"),
     1001: CloseReaction(True, None, reason="going away"),
     1006: CloseReaction(True, None, reason="abnormal closure"),
+    1009: CloseReaction(True, None, reason="message too big (batch size halved)"),
     1011: CloseReaction(True, None, reason="server error"),
     1012: CloseReaction(True, None, reason="service restart"),
     1013: CloseReaction(True, None, reason="try again later"),

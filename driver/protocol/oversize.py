@@ -191,3 +191,22 @@ def _lists_in(value: Any) -> Iterator[list[Any]]:
     elif isinstance(value, dict):
         for child in value.values():
             yield from _lists_in(child)
+
+
+def shrink_event(body: bytes, limit: int) -> bytes | None:
+    """An encoded event (envelope and payload) cut to at most `limit` bytes by cutting its payload;
+    None when that is impossible. Deterministic: the same body and limit give the same bytes."""
+    try:
+        event = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    payload = event.get("payload") if isinstance(event, dict) else None
+    if not isinstance(payload, dict):
+        return None
+    envelope = len(body) - encoded_size(payload)
+    try:
+        event["payload"] = cut(payload, limit - envelope)
+    except Oversize:
+        return None
+    out = _encode(event)
+    return out if len(out) <= limit else None

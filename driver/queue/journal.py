@@ -206,6 +206,12 @@ class Journal:
             if gone:
                 self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
 
+    def replace_body(self, seq: int, body: bytes) -> None:
+        """Store the cut form of an oversize journaled event (PROTOCOL §4.3), so every later send,
+        by this process or the next, carries the same bytes under the same event_id."""
+        with self._lock, self._tx():
+            self._db.execute("UPDATE outbox SET body = ? WHERE seq = ?", (body, seq))
+
     def bodies(self, seqs: list[int]) -> dict[int, bytes]:
         """Bodies of committed events (only committed ones are ever evicted from memory)."""
         with self._reader_lock:

@@ -26,6 +26,7 @@ import msgspec
 
 from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
+from driver.protocol.oversize import shrink_event
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
 from driver.queue.journal import RUN_TERMINAL_KINDS, SEQ_BLOCK, Journal
 
@@ -149,6 +150,7 @@ class Outbox:
         self._receipt_waiters: dict[str, anyio.Event] = {}
         self._receipt_outcomes: dict[str, str] = {}
         self.stats = OutboxStats()
+        self.local_rejections: list[FinalRejection] = []
         self.link_up = False
         now = self.clock()
         for seq, event_id, run_id, kind, size in self.journal.pending():
@@ -307,6 +309,9 @@ class Outbox:
                 continue
             if picked and size + entry.size + 64 > max_bytes:
                 break
+            if not picked and entry.size + 64 > max_bytes and not self._fit(entry, max_bytes - 64):
+                heapq.heappop(self._ready)
+                continue  # finally rejected here: never sent again
             heapq.heappop(self._ready)
             picked.append(entry)
             seqs.append(seq)
@@ -345,6 +350,43 @@ class Outbox:
         frame_events = bodies + [encoded for _, encoded in taken]
         self._in_flight[self._batch_no] = (now + self.retry.receipt_timeout, seqs, be)
         return Batch(self._batch_no, frame_events, seqs, be)
+
+    def _fit(self, entry: _Entry, limit: int) -> bool:
+        """PROTOCOL §4.3 for an event journaled larger than a frame may be (an older driver's, or one
+        refused with 1009): cut its payload to fit, journal the cut form, and send that from now on.
+        When it cannot be cut, reject it finally here, as the CP would (False)."""
+        body = entry.body if entry.body is not None else self.journal.bodies([entry.seq]).get(entry.seq)
+        new = shrink_event(body, limit) if body is not None else None
+        if new is None:
+            self._remove(entry, "rejected")
+            self.stats.final_rejections += 1
+            message = f"the event is {entry.size} bytes and cannot be cut to {limit}"
+            rejection = Rejection(entry.event_id, "event.too_large", message, False)
+            self.local_rejections.append(FinalRejection(entry.event_id, entry.kind, entry.run_id, rejection))
+            return False
+        self.journal.replace_body(entry.seq, new)
+        self._bytes += len(new) - entry.size
+        if entry.body is not None:
+            self._resident += len(new) - entry.size
+        entry.body, entry.size = new, len(new)
+        log.warning("event.cut_to_fit", extra={"event_id": entry.event_id, "bytes": len(new), "limit": limit})
+        return True
+
+    def reject_oldest(self, code: str, message: str) -> list[FinalRejection]:
+        """Finally reject the oldest pending lossless event (one no frame can carry)."""
+        if not self._entries:
+            return []
+        entry = self._entries[min(self._entries)]
+        self._remove(entry, "rejected")
+        self.stats.final_rejections += 1
+        return [
+            FinalRejection(entry.event_id, entry.kind, entry.run_id, Rejection(entry.event_id, code, message, False))
+        ]
+
+    def take_local_rejections(self) -> list[FinalRejection]:
+        """Events this outbox finally rejected itself (too large even when cut), for the caller to report."""
+        out, self.local_rejections = self.local_rejections, []
+        return out
 
     # -- receipts -----------------------------------------------------------------------------------
     def on_receipt(self, receipt: Receipt) -> list[FinalRejection]:

@@ -26,6 +26,8 @@ for an agent that has no model:
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
 - `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
+- `[[bigtool:N]]` / `[[bignested:N]]`: a completed tool call with N bytes of output, as one text or as
+  nested objects and arrays (rawOutput); reply "big N".
 - `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
 - `[[error]]`: answer the prompt with a JSON-RPC error (after the reply);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
@@ -130,6 +132,33 @@ def permission(session_id: str, announce: bool) -> str:
     return "permission cancelled"
 
 
+def big_tool(session_id: str, *, nested: bool, size: int) -> str:
+    """A tool call whose output is `size` bytes: one text (`bigtool`), or nested objects and arrays
+    in rawOutput (`bignested`: 64 documents of text plus a long array of short lines)."""
+    tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
+    update(
+        session_id,
+        {
+            "sessionUpdate": "tool_call",
+            "toolCallId": tool_call_id,
+            "title": "big",
+            "kind": "execute",
+            "status": "in_progress",
+            "rawInput": {"command": "big"},
+        },
+    )
+    done: dict[str, Any] = {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": "completed"}
+    if nested:
+        part = size // 2 // 64
+        docs = [{"type": "text", "text": chr(97 + i % 26) * part, "meta": {"n": i}} for i in range(64)]
+        lines = [f"line {i:08d}" for i in range(size // 2 // 16)]
+        done["rawOutput"] = {"content": docs, "lines": lines, "exit_code": 0}
+    else:
+        done["content"] = [{"type": "content", "content": {"type": "text", "text": "o" * size}}]
+    update(session_id, done)
+    return f"big {size}"
+
+
 def error_text(reply: dict[str, Any]) -> str:
     err = reply["error"]
     return f"{err.get('code')} {err.get('message')}"
@@ -185,6 +214,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
     elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
         reply = shell(session_id, m.group(1))
+    elif m := re.search(r"\[\[big(tool|nested):(\d+)\]\]", text):
+        reply = big_tool(session_id, nested=m.group(1) == "nested", size=int(m.group(2)))
     if "[[slow]]" in text:
         long = "".join(f"word{i} " for i in range(400))
         finished = stream(session_id, long, 400, 0.05)

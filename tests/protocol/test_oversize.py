@@ -65,7 +65,13 @@ def test_always_fits_keeps_identity_and_is_deterministic(payload: dict[str, Any]
 
 
 def test_longest_strings_are_cut_first_and_short_ones_are_untouched() -> None:
-    payload = {"tool_call_id": "call-1", "status": "completed", "output": "x" * 100_000, "title": "short", "b": "y" * 5000}
+    payload = {
+        "tool_call_id": "call-1",
+        "status": "completed",
+        "output": "x" * 100_000,
+        "title": "short",
+        "b": "y" * 5000,
+    }
     out = cut(payload, 4096)
     assert encoded_size(out) <= 4096
     assert out["title"] == "short" and out["tool_call_id"] == "call-1" and out["status"] == "completed"
