@@ -71,6 +71,10 @@ def _pidns_prefix() -> list[str] | None:
         "--dev-bind",
         "/",
         "/",
+        # A /proc of the new PID namespace: tools that read /proc/<pid> with pids they see (codex's
+        # own bwrap sandbox opens /proc/<pid>/ns/*) must find their own processes there.
+        "--proc",
+        "/proc",
         "--",
         "/bin/sh",
         "-c",
@@ -116,6 +120,14 @@ def mode_of(argv_prefix: list[str]) -> str:
 
 def wrap(argv: list[str]) -> list[str]:
     return [*prefix(), *argv]
+
+
+async def wrap_async(argv: list[str]) -> list[str]:
+    """`wrap`, with the one-time probe (a few ms) in a worker thread instead of on the event loop.
+    Only the probe runs there: the provider itself is spawned by the caller, on the loop's thread."""
+    import anyio.to_thread
+
+    return [*(await anyio.to_thread.run_sync(prefix)), *argv]
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -245,7 +257,6 @@ def track(state_dir: Path) -> list[int]:
         log.warning("containment.predecessor_killed", pids=killed)
     record._write()  # start empty: everything recorded before is dead or was never ours
     _record = record
-    prefix()  # probe now, before the event loop runs, not at the first spawn
     return killed
 
 

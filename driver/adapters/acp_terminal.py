@@ -139,7 +139,7 @@ class TerminalManager:
         try:
             # Wrapped like a provider: a terminal the driver runs for the agent must not outlive it.
             process = await anyio.open_process(
-                containment.wrap([command, *args]),
+                await containment.wrap_async([command, *args]),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

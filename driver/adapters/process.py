@@ -118,7 +118,7 @@ class ProviderProcess:
             raise ProviderError("provider.missing", f"{name}: executable {argv[0]} {what}")
         try:
             process = await anyio.open_process(
-                containment.wrap(argv),
+                await containment.wrap_async(argv),
                 stdin=PIPE,
                 stdout=PIPE,
                 stderr=PIPE,

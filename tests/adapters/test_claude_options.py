@@ -68,8 +68,8 @@ def test_redactor_masks_secret_values() -> None:
 
 def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Path) -> None:
     probe = tmp_path / "probe.sh"
-    # /proc/self/stat from the shell itself: its pgid as seen from outside its PID namespace.
-    probe.write_text("#!/bin/sh\nread -r _ _ _ _ pgid _ < /proc/self/stat\necho \"pgid=$pgid keep=$KEEP drop=$DROP\"\n")
+    # Says what it got, then waits for stdin to close (so its group can be looked at from outside).
+    probe.write_text("#!/bin/sh\necho \"keep=$KEEP drop=$DROP\"\nread -r _ || :\n")
     probe.chmod(0o755)
     launcher = write_launcher(
         tmp_path, probe, keep=["KEEP", "PATH"], parent={"DROP": "value-of-drop", "KEEP": "y", "PATH": "p"}
@@ -77,11 +77,13 @@ def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Pa
     assert launcher is not None  # setsid and env are installed here (util-linux, coreutils)
     assert "value-of-drop" not in launcher.read_text()  # names only, never values
     env = {"DROP": "leaked", "KEEP": "kept", "PATH": os.environ["PATH"]}
-    proc = subprocess.Popen([str(launcher)], env=env, stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    proc = subprocess.Popen([str(launcher)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    out = proc.stdout.readline()
+    # Its own process group, led by the process the SDK started (exec all the way, no fork).
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgrp()
+    out_rest, _ = proc.communicate("", timeout=30)
+    assert proc.returncode == 0 and out_rest == ""
     fields = dict(part.split("=", 1) for part in out.split())
     assert fields["keep"] == "kept" and fields["drop"] == ""
-    # Its own process group, led by the process the SDK started (exec all the way, no fork).
-    assert fields["pgid"] == str(proc.pid)
     assert containment.prefix()[0] in launcher.read_text()  # contained like every provider

@@ -1,0 +1,87 @@
+"""What containment (driver.containment, PROTOCOL §8) costs at provider start-up.
+
+Spawn-to-first-output of a small Python provider (it prints one line as soon as it runs), and
+spawn-to-exit of `true`, for each mode beside the baseline (no wrapper): `pdeathsig` (setpriv) and
+`pidns` (bwrap PID namespace, shell as pid 1: the default where namespaces are allowed). Also the
+one-time probe that picks the mode, the state_dir lock, and the clean-up of a predecessor's record.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench._common import goal, median, table
+from driver import containment, statelock
+
+RUNS = 15
+PROVIDER = [sys.executable, "-S", "-c", "print('up', flush=True)"]
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
+def _first_line(prefix: list[str]) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.Popen([*prefix, *PROVIDER], stdout=subprocess.PIPE, start_new_session=True)
+    assert p.stdout is not None
+    p.stdout.readline()
+    took = _ms(t0)
+    p.wait()
+    return took
+
+
+def _to_exit(prefix: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([*prefix, "true"], check=True, start_new_session=True)
+    return _ms(t0)
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    pidns = containment._pidns_prefix()
+    probe_ms = _ms(t0)
+    modes: list[tuple[str, list[str] | None]] = [
+        ("none (baseline)", []),
+        ("pdeathsig", containment._pdeathsig_prefix()),
+        ("pidns (default)", pidns),
+    ]
+    rows = []
+    results: dict[str, tuple[float, float]] = {}
+    for name, prefix in modes:
+        if prefix is None:
+            rows.append((name, "unavailable", "unavailable"))
+            continue
+        _first_line(prefix)  # warm the page cache for this mode
+        first = median([_first_line(prefix) for _ in range(RUNS)])
+        exit_ = median([_to_exit(prefix) for _ in range(RUNS)])
+        results[name] = (first, exit_)
+        rows.append((name, first, exit_))
+    table(
+        f"provider start through each containment mode (median of {RUNS}, ms)",
+        ["mode", "spawn to first output", "spawn to exit of `true`"],
+        rows,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        lock = statelock.acquire(Path(tmp))
+        lock_ms = _ms(t0)
+        lock.release()
+        t0 = time.perf_counter()
+        containment.track(Path(tmp))
+        track_ms = _ms(t0)
+    print(
+        f"\none-time: mode probe {probe_ms:.1f} ms, state_dir lock {lock_ms:.2f} ms,"
+        f" predecessor clean-up {track_ms:.1f} ms"
+    )
+    if "pidns (default)" in results:
+        extra = results["pidns (default)"][0] - results["none (baseline)"][0]
+        goal("pidns adds under 25 ms to a provider's start", extra < 25, f"+{extra:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
