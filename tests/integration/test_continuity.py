@@ -129,3 +129,40 @@ async def test_driver_sigkill_leaves_no_codex_acp_process_nor_its_setsid_tool(
                     os.close(fd)
             left = {p for p in watch if _alive(p)}
             assert not left, {p: _cmdline(p) for p in left}
+
+
+@pytest.mark.provider
+async def test_a_new_driver_kills_what_its_predecessor_left_behind(
+    tmp_path: Path, drivers: list[DriverProcess]
+) -> None:
+    # Without containment (as where namespaces are forbidden), codex-acp outlives a SIGKILLed driver:
+    # it ignores stdin EOF. The next driver on the same state_dir must kill it before its own start.
+    no_containment = {"AGENT_DRIVER_CONTAINMENT": "none"}
+    with ExitStack() as stack:
+        fakes = Fakes(stack)
+        boot = payload("acp:codex-acp", tmp_path, "", fakes)
+        async with control_plane(tmp_path) as cp:
+            boot["control"]["url"] = cp.url
+            first = DriverProcess(tmp_path, boot, "first", extra_env=no_containment)
+            drivers.append(first)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            [provider] = [p for p in _descendants(first.pid) if b"codex-acp" in _cmdline(p)]
+            watch = os.pidfd_open(provider)
+            try:
+                os.kill(first.pid, signal.SIGKILL)
+                first.proc.wait()
+                assert _alive(provider)  # left behind
+                second = DriverProcess(tmp_path, boot, "second", extra_env=no_containment)
+                drivers.append(second)
+                with anyio.fail_after(30):
+                    await anyio.wait_readable(watch)  # the predecessor's provider exited
+                started = await cp.wait_for_event(
+                    INSTANCE, lambda e: e["kind"] == "driver.started" and e["epoch"] == 2, timeout=60
+                )
+                assert started["payload"]["timings"]["provider_start_ms"] is not None
+            finally:
+                os.close(watch)
+                if _alive(provider):  # the test failed: leave nothing running
+                    os.kill(provider, signal.SIGKILL)
+            assert "containment.predecessor_killed" in second.stderr()
+            assert str(provider) in second.stderr()
