@@ -89,14 +89,19 @@ class BestEffortBuffer:
         self, max_events: int, max_bytes: int, encode: Callable[[BestEffortEvent], bytes], *, fill: bool = False
     ) -> list[tuple[BestEffortEvent, bytes]]:
         """Oldest first, each with its encoding, while their encodings (plus a separator each) fit in
-        `max_bytes`. The first one goes even when larger, unless `fill`: the batch already holds events,
-        and appending must not push its frame over the limit."""
+        `max_bytes`. One that could never fit a batch on its own (coalesced deltas, or a batch size
+        halved after a 1009) is dropped and counted: a batch never exceeds the limit (PROTOCOL §4.3)."""
         out: list[tuple[BestEffortEvent, bytes]] = []
         size = 0
         while self._items and len(out) < max_events:
             item = self._items[0]
             encoded = encode(item)
-            if (out or fill) and size + len(encoded) + 1 > max_bytes:
+            if len(encoded) + 1 > max_bytes and not out and not fill:
+                self._items.popleft()
+                self._bytes -= len(item.payload)
+                self.count_drop(item.run_id, item.pieces)
+                continue
+            if size + len(encoded) + 1 > max_bytes:
                 break
             self._items.popleft()
             self._bytes -= len(item.payload)

@@ -68,11 +68,20 @@ async def wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
             await anyio.sleep(0.02)
 
 
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 async def wait_provider(driver: Driver, timeout: float = 10.0, exclude: tuple[int, ...] = ()) -> int:
     """The pid (= its process group) of the driver's provider process, once it runs."""
     with anyio.fail_after(timeout):
         while True:
-            found = [p for p in children(driver.pid) if p not in exclude]
+            # Group leaders only: a provider leads its own group; short-lived helpers (the containment
+            # probe) run in the driver's.
+            found = [p for p in children(driver.pid) if p not in exclude and _leads_group(p)]
             if found:
                 return found[0]
             await anyio.sleep(0.02)  # polling /proc: nothing announces a new child

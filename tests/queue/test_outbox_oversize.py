@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
 from driver.queue.journal import Journal
 from driver.queue.outbox import Outbox
 from tests.queue.test_outbox import INSTANCE, SESSION, Clock, events_of, make, take
@@ -68,3 +69,14 @@ async def test_an_event_that_cannot_be_cut_is_finally_rejected_locally(journal: 
     assert box.take_local_rejections() == []
     await box.flush()  # the rejected event leaves the journal too
     assert box.pending_count == 1 and journal.bodies([1]) == {}
+
+
+def test_a_best_effort_event_larger_than_any_batch_is_dropped_and_counted() -> None:
+    buffer = BestEffortBuffer()
+    big = BestEffortEvent(1, "e/1/000001", "run-1", "tool.output.delta", b'{"text":"' + b"d" * 9000 + b'"}', "t")
+    small = BestEffortEvent(2, "e/1/000002", "run-1", "message.delta", b'{"message_id":"m","text":"s"}', "t")
+    buffer.add(big)
+    buffer.add(small)
+    taken = buffer.take(10, 4096, lambda b: b.encode(1, SESSION))
+    assert [b.event_id for b, _ in taken] == ["e/1/000002"]
+    assert buffer.dropped_for("run-1") == 1 and buffer.dropped == 1
