@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_DEB := $(VENV)/.debian
+NODE := node_modules/.bin/node
 
-.PHONY: setup run test test-fast test-provider lint bench clean
+.PHONY: setup run test test-fast test-provider test-image lint bench clean
 
 setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
 
@@ -16,8 +17,13 @@ $(STAMP_PY): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-$(STAMP_NPM): package.json
+# The pinned Node comes from npm too (package `node`); the check refuses a Node that a runtime's
+# `engines` rejects, or a runtime installed at another version than pinned, naming what is wrong.
+$(STAMP_NPM): package.json package-lock.json scripts/check-runtimes.mjs
+	@command -v npm >/dev/null || { echo "make setup: npm is needed to install the pinned runtimes (Debian: apt-get install npm)" >&2; exit 1; }
 	npm install --no-audit --no-fund --loglevel=error
+	@test -x $(NODE) || { echo "make setup: the pinned Node did not install ($(NODE) is missing); see package.json" >&2; exit 1; }
+	$(NODE) scripts/check-runtimes.mjs
 	touch $@
 
 # bubblewrap: codex-acp sandboxes commands with bwrap.
@@ -40,6 +46,9 @@ test-fast: setup
 
 test-provider: setup
 	$(BIN)/pytest -q -m provider
+
+test-image: setup
+	$(BIN)/pytest -q -m image
 
 bench: setup
 	$(BIN)/python -m bench
