@@ -257,7 +257,7 @@ async def test_driver_killed_and_restarted_resumes_the_journal_ref(
                 if resets:
                     assert resets[0]["payload"]["previous"] == ref
                 else:
-                    assert [e["payload"]["value"] for e in epoch2 if e["kind"] == "runtime.resume.updated"][0] == ref
+                    assert next(e["payload"]["value"] for e in epoch2 if e["kind"] == "runtime.resume.updated") == ref
             finally:
                 d2.close()
         finally:
