@@ -7,7 +7,7 @@ STAMP_NPM := node_modules/.installed
 STAMP_DEB := $(VENV)/.debian
 NODE := node_modules/.bin/node
 
-.PHONY: setup run test test-fast test-provider test-image lint bench clean
+.PHONY: setup run test test-fast test-provider test-image lint bench evidence clean
 
 setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
 
@@ -52,6 +52,10 @@ test-image: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The five claims, measured (offline: fake model endpoints); the report goes to docs/evidence.md.
+evidence: setup
+	$(BIN)/agent-driver evidence --json evidence.json --markdown docs/evidence.md
 
 clean:
 	rm -rf $(VENV) node_modules
