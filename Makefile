@@ -42,7 +42,7 @@ test: setup lint
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not provider and not faults"
+	$(BIN)/pytest -q -m "not provider and not faults and not image"
 
 test-provider: setup
 	$(BIN)/pytest -q -m provider
