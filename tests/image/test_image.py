@@ -47,7 +47,9 @@ from tests.image.sandbox import (
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
-RUNTIMES = ("claude-agent-sdk", "openai-app-server", "acp")
+# `acp` with codex-acp, as asked of every runtime; `acp:claude-agent-acp` too, the runtime whose
+# `engines` (node >= 22) made the image pin its own Node.
+RUNTIMES = ("claude-agent-sdk", "openai-app-server", "acp", "acp:claude-agent-acp")
 TURN_TIMEOUT_S = 120
 DOCKER_IMAGE = "agent-driver:image-test"
 
@@ -117,7 +119,7 @@ def new_sandbox(image: Image, name: str, workspace_seen: str | None = None, boot
 
 @contextlib.contextmanager
 def model_endpoint(runtime: str) -> Iterator[Any]:
-    if runtime == "claude-agent-sdk":
+    if "claude" in runtime:
         from driver.testing.fake_anthropic import FakeAnthropic
 
         with FakeAnthropic() as fake:
@@ -134,6 +136,16 @@ def runtime_flags(runtime: str, box: Sandbox, fake: Any, owner: tuple[int, int])
     if runtime == "claude-agent-sdk":
         env = {"ANTHROPIC_API_KEY": "sk-ant-image-test-key", "ANTHROPIC_BASE_URL": fake.base_url}
         return ["--model", "claude-sonnet-4-5", "--env", "ANTHROPIC_API_KEY", "--env", "ANTHROPIC_BASE_URL"], env
+    if runtime == "acp:claude-agent-acp":
+        # Named bare: found in node_modules/.bin, a `#!/usr/bin/env node` script run by the pinned Node.
+        config = box.workspace / ".claude"
+        owned_dir(config, owner)
+        flags = ["--env", "ANTHROPIC_API_KEY", "--acp-command", "claude-agent-acp",
+                 "--acp-env", f"ANTHROPIC_BASE_URL={fake.base_url}",
+                 "--acp-env", f"CLAUDE_CONFIG_DIR={box.seen(config)}",
+                 "--acp-env", "CLAUDE_CODE_MAX_RETRIES=0",
+                 "--acp-env", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"]  # fmt: skip
+        return flags, {"ANTHROPIC_API_KEY": "sk-ant-image-test-key"}
     env = {"OPENAI_API_KEY": "sk-image-test-key"}
     if runtime == "openai-app-server":
         flags = ["--env", "OPENAI_API_KEY", "--provider-option", "env_key=OPENAI_API_KEY",
@@ -159,13 +171,13 @@ def client(image: Image, cp: ControlPlaneProcess, command: str, instance: str, *
 
 
 def one_turn(image: Image, runtime: str, box: Sandbox, launch: Launch) -> None:
-    instance = f"drv-image-{runtime}-{uuid.uuid4().hex[:6]}"
+    instance = f"drv-image-{runtime.replace(':', '-')}-{uuid.uuid4().hex[:6]}"
     boot_file = box.boot_dir / "boot.json"
     log_path = box.workspace.parent / "driver.log"
     said = f"image smoke test on {runtime}"
     with model_endpoint(runtime) as fake, control_plane(Path(image.root / "venv"), box.workspace.parent) as cp:
         flags, env = runtime_flags(runtime, box, fake, image.owner)
-        run([image.cli, "controlplane", "boot", "--runtime", runtime, "--instance", instance,
+        run([image.cli, "controlplane", "boot", "--runtime", runtime.split(":")[0], "--instance", instance,
              "--out", boot_file, "--url", cp.api, "--token-file", cp.token_file,
              "--cwd", box.workspace_seen, "--state-dir", box.seen(box.workspace / ".agent-driver"),
              "--owner", f"{image.owner[0]}:{image.owner[1]}", *flags],
@@ -225,7 +237,7 @@ def test_one_turn_as_the_image_runs_it(image: Image, runtime: str) -> None:
     if os.geteuid() == 0:
         probe = subprocess.run(["/usr/bin/test", "-w", str(image.root)], user=image.owner[0], group=image.owner[1])
         assert probe.returncode != 0, "the project folder must be read-only to the driver"
-    one_turn(image, runtime, new_sandbox(image, runtime), launch_here(image))
+    one_turn(image, runtime, new_sandbox(image, runtime.replace(":", "-")), launch_here(image))
 
 
 # -- with Docker, when a daemon is reachable ----------------------------------------------------------
@@ -260,5 +272,5 @@ def test_the_docker_image(image: Image) -> None:
             )  # fmt: skip
 
     for runtime in RUNTIMES:
-        box = new_sandbox(image, f"docker-{runtime}", "/workspace", "/run/agent-driver")
+        box = new_sandbox(image, f"docker-{runtime.replace(':', '-')}", "/workspace", "/run/agent-driver")
         one_turn(image, runtime, box, launch)  # the control plane's ws://127.0.0.1 URL: the host network
