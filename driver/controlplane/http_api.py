@@ -196,6 +196,8 @@ class HttpApi:
         found: list[dict[str, Any]] = []
 
         def matched() -> bool:
+            if self.cp.stopping:  # answer what there is: a stopping server must not wait on its clients
+                return True
             found[:] = self.cp.store.events(instance_id, kinds=kinds, run_id=run_id, after_seq=after_seq, limit=limit)
             return bool(found)
 

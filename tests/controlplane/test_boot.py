@@ -174,3 +174,14 @@ async def test_events_wait_times_out_with_status_1(
     base = ["--url", str(cp.http_url), "--token-file", str(token_file), "--instance", INSTANCE]
     assert await asyncio.to_thread(cli_main, ["events", *base, "--kind", "run.failed", "--wait", "0.2"]) == 1
     assert "no matching event within 0.2 s" in capsys.readouterr().err
+
+
+async def test_a_pending_long_poll_ends_when_the_control_plane_stops(cp: ControlPlane) -> None:
+    from driver.controlplane.http_api import HttpApi
+
+    path = f"/api/instances/{INSTANCE}/events?kind=run.failed&wait_ms=600000"
+    waiting = asyncio.create_task(HttpApi(cp).dispatch("GET", path, f"Bearer {TOKEN}", b""))
+    await asyncio.sleep(0)  # one step: the request runs until it waits for a change
+    assert not waiting.done()
+    await asyncio.wait_for(cp.stop(), 20)
+    assert await asyncio.wait_for(waiting, 5) == (200, {"events": [], "last_seq": None})
