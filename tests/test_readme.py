@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,16 @@ from tests.image.sandbox import CP_READY, ROOT, LineReader
 pytestmark = [pytest.mark.provider, pytest.mark.image, pytest.mark.timeout(400)]
 
 SECTION = "### The whole flow on one machine"
+# Brings `lo` up in a new network namespace (SIOCGIFFLAGS/SIOCSIFFLAGS, IFF_UP) without iproute2, then
+# holds the namespace until its stdin closes.
+LOOPBACK_UP = """
+import fcntl, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))
+print("up", flush=True)
+sys.stdin.read()
+"""
 FAKE_READY = re.compile(r"fake Anthropic Messages API on http://127\.0\.0\.1:8089")
 
 
@@ -42,7 +53,7 @@ def network() -> Iterator[list[str]]:
     # The holder keeps the namespace alive while the blocks enter it; it waits on its stdin, which
     # this test closes at the end.
     holder = subprocess.Popen(
-        ["unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && exec cat"],
+        ["unshare", "--net", "--", sys.executable, "-c", LOOPBACK_UP],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
