@@ -5,11 +5,12 @@ BIN := $(VENV)/bin
 STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_DEB := $(VENV)/.debian
+STAMP_SYSPY := $(VENV)/.system-python
 NODE := node_modules/.bin/node
 
 .PHONY: setup run test test-fast test-provider test-image lint bench evidence clean
 
-setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
+setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB) $(STAMP_SYSPY)
 
 $(STAMP_PY): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +30,11 @@ $(STAMP_NPM): package.json package-lock.json scripts/check-runtimes.mjs
 # bubblewrap: codex-acp sandboxes commands with bwrap.
 $(STAMP_DEB): | $(STAMP_PY)
 	command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	touch $@
+
+# The image smoke test (tests/image/) makes its venv from Debian's own python3, as the image does.
+$(STAMP_SYSPY): | $(STAMP_PY)
+	test -x /usr/bin/python3 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null; }
 	touch $@
 
 run: setup
