@@ -28,7 +28,8 @@ from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
 from driver.protocol.oversize import shrink_event
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
-from driver.queue.journal import RUN_TERMINAL_KINDS, SEQ_BLOCK, Journal
+from driver.queue.journal import Journal
+from driver.queue.schema import RUN_TERMINAL_KINDS, SEQ_BLOCK
 
 log = logging.getLogger("driver.outbox")
 
