@@ -2,7 +2,8 @@
 
 Spawn-to-first-output of a small Python provider (it prints one line as soon as it runs), and
 spawn-to-exit of `true`, for each mode beside the baseline (no wrapper): `pdeathsig` (setpriv) and
-`pidns` (bwrap PID namespace, shell as pid 1: the default where namespaces are allowed). Also the
+`pidns` (bwrap PID namespace, shell as pid 1: the default where namespaces are allowed), and
+`subreaper` (driver/subreaper.py: the fallback where they are not). Also the
 one-time probe that picks the mode, the state_dir lock, and the clean-up of a predecessor's record.
 """
 
@@ -48,6 +49,7 @@ def main() -> None:
     modes: list[tuple[str, list[str] | None]] = [
         ("none (baseline)", []),
         ("pdeathsig", containment._pdeathsig_prefix()),
+        ("subreaper (fallback)", containment._subreaper_prefix()),
         ("pidns (default)", pidns),
     ]
     available = [(name, prefix) for name, prefix in modes if prefix is not None]

@@ -11,9 +11,10 @@ Two mechanisms, one per way a driver can end:
   pid 2 under bwrap's init, so a SIGTERM sent to the provider's process group still reaches it (a pid 1
   would ignore it). PDEATHSIG fires when the *thread* that forked the child exits: every spawn happens
   on the event loop's thread (asyncio forks there), never in a worker thread.
-  Where namespaces are forbidden, the fallback is `setpriv --pdeathsig KILL` (the provider itself
-  dies with the driver; what it started in another session is only caught by the next driver's
-  clean-up below). `AGENT_DRIVER_CONTAINMENT=pidns|pdeathsig|none` forces a mode (benchmarks, tests).
+  Where namespaces are forbidden, the fallback is `driver/subreaper.py`: a child subreaper holding the
+  provider, which gets SIGTERM when the driver dies (PR_SET_PDEATHSIG) and then SIGKILLs its whole
+  tree, orphans reparented to it included. `AGENT_DRIVER_CONTAINMENT=pidns|subreaper|pdeathsig|none`
+  forces a mode (benchmarks, tests); `pdeathsig` (`setpriv --pdeathsig KILL`) covers the provider only.
 - **Cleaning up after a predecessor.** The pid, process group and start time (field 22 of
   `/proc/<pid>/stat`) of every process spawned through here are recorded in
   `state_dir/driver/processes.json`. A new driver process, holding the `state_dir` lock, kills what
@@ -40,7 +41,7 @@ from driver import logs
 log = logs.get("driver.containment")
 
 ENV_MODE = "AGENT_DRIVER_CONTAINMENT"
-MODES = ("auto", "pidns", "pdeathsig", "none")
+MODES = ("auto", "pidns", "subreaper", "pdeathsig", "none")
 RECORD_NAME = "processes.json"
 
 _prefix: list[str] | None = None
@@ -89,6 +90,13 @@ def _pidns_prefix() -> list[str] | None:
     return prefix if ok else None
 
 
+def _subreaper_prefix() -> list[str]:
+    # `-I`: the helper needs only the standard library, and nothing from the environment.
+    import sys
+
+    return [sys.executable, "-I", str(Path(__file__).with_name("subreaper.py")), str(os.getpid())]
+
+
 def _pdeathsig_prefix() -> list[str] | None:
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
@@ -105,7 +113,9 @@ def prefix() -> list[str]:
             chosen: list[str] | None = None
             if mode in ("auto", "pidns"):
                 chosen = _pidns_prefix()
-            if chosen is None and mode in ("auto", "pdeathsig"):
+            if chosen is None and mode in ("auto", "subreaper"):
+                chosen = _subreaper_prefix()
+            if chosen is None and mode == "pdeathsig":
                 chosen = _pdeathsig_prefix()
             _prefix = chosen or []
             log.info("containment.mode", mode=mode_of(_prefix))
@@ -115,7 +125,9 @@ def prefix() -> list[str]:
 def mode_of(argv_prefix: list[str]) -> str:
     if not argv_prefix:
         return "none"
-    return "pidns" if "--unshare-pid" in argv_prefix else "pdeathsig"
+    if "--unshare-pid" in argv_prefix:
+        return "pidns"
+    return "subreaper" if argv_prefix[-2].endswith("subreaper.py") else "pdeathsig"
 
 
 def wrap(argv: list[str]) -> list[str]:
@@ -136,18 +148,34 @@ def kill_group(pgid: int, sig: int) -> bool:
     child and exits by itself. Killing bwrap at the same time could orphan pid 1 before it is reaped
     (a zombie left to the machine's init, or to the driver when the driver is pid 1).
     Returns whether the group existed; PermissionError propagates (the caller reports it)."""
-    if sig == signal.SIGKILL and _prefix and mode_of(_prefix) == "pidns":
+    mode = mode_of(_prefix) if _prefix else "none"
+    if sig == signal.SIGKILL and mode == "pidns":
         inner = _children(pgid)
         if inner:
             for pid in inner:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             return True
+    if sig == signal.SIGKILL and mode == "subreaper":
+        # What left the group (setsid tools) was reparented to the subreaper: reach it by the tree.
+        for pid in _descendants(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
     return True
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out.extend(kids)
+        todo.extend(kids)
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -160,7 +188,7 @@ def _children(pid: int) -> list[int]:
 def exit_status(code: int | None) -> int | None:
     """A wrapped process's exit status as if it were not wrapped. bwrap reports a command killed by
     signal N as 128+N; we report it as -N, like subprocess does (an exit(128+N) reads the same)."""
-    if code is not None and code > 128 and _prefix and mode_of(_prefix) == "pidns":
+    if code is not None and code > 128 and _prefix and mode_of(_prefix) in ("pidns", "subreaper"):
         return -(code - 128)
     return code
 

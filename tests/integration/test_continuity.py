@@ -87,8 +87,9 @@ async def test_a_second_driver_on_the_same_state_dir_exits_75_naming_the_holder(
 
 
 @pytest.mark.provider
+@pytest.mark.parametrize("mode", ["auto", "subreaper"])  # auto is the PID namespace here
 async def test_driver_sigkill_leaves_no_codex_acp_process_nor_its_setsid_tool(
-    tmp_path: Path, drivers: list[DriverProcess]
+    mode: str, tmp_path: Path, drivers: list[DriverProcess]
 ) -> None:
     with ExitStack() as stack:
         fakes = Fakes(stack)
@@ -96,7 +97,7 @@ async def test_driver_sigkill_leaves_no_codex_acp_process_nor_its_setsid_tool(
         async with control_plane(tmp_path) as cp:
             boot["control"]["url"] = cp.url
             boot["execution"]["permission_policy"] = "full_access"
-            d = DriverProcess(tmp_path, boot)
+            d = DriverProcess(tmp_path, boot, extra_env={"AGENT_DRIVER_CONTAINMENT": mode})
             drivers.append(d)
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
             # A long command with one part that leaves every group and session (setsid); it says
