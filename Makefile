@@ -13,7 +13,7 @@ setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
 $(STAMP_PY): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,telemetry]'
 	touch $@
 
 $(STAMP_NPM): package.json
