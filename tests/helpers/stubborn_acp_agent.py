@@ -108,10 +108,6 @@ def texts(params: dict[str, Any]) -> list[str]:
     return [b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"]
 
 
-def prompt_text(params: dict[str, Any]) -> str:
-    return "".join(texts(params))
-
-
 def permission(session_id: str, announce: bool) -> str:
     tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
     tool = {"toolCallId": tool_call_id, "title": "Write notes.txt", "kind": "edit", "status": "pending"}
@@ -153,7 +149,9 @@ def shell(session_id: str, command: str) -> str:
 def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     session_id = params["sessionId"]
     _cancelled[session_id] = threading.Event()
-    text = prompt_text(params)
+    # Markers are read from the user's own block, the last one: a replayed transcript (PROTOCOL §8)
+    # arrives as an earlier block and may hold the markers of earlier prompts.
+    text = (texts(params) or [""])[-1]
     if MODE == "exit-mid-turn":
         chunk(session_id, "About to ")
         chunk(session_id, "vanish")
