@@ -17,7 +17,9 @@ Sampler = Callable[[list[int]], TreeSample]
 
 
 class ActivityTracker:
-    def __init__(self, roots: Callable[[], list[int]], *, clock: Clock = time.monotonic, sampler: Sampler = sample_tree):
+    def __init__(
+        self, roots: Callable[[], list[int]], *, clock: Clock = time.monotonic, sampler: Sampler = sample_tree
+    ):
         self._roots = roots  # the provider's process group leaders (pgid = pid: they called setsid)
         self._clock = clock
         self._sampler = sampler

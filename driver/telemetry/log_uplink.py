@@ -85,6 +85,9 @@ def _fields(event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
 
 
 class LogUplink:
+    """The processor. It may run in any thread (a worker thread logging): it only appends to deques,
+    and the pump polls them, so no event-loop object is touched here."""
+
     def __init__(self, *, max_held: int = MAX_HELD, clock: Callable[[], float] = time.time) -> None:
         self.max_held = max_held
         self._clock = clock
@@ -95,7 +98,6 @@ class LogUplink:
         self.dropped = 0  # lines not copied since the last batch (buffer full or rate-limited)
         self.dropped_total = 0
         self.mirror_dropped = 0
-        self.on_record: Callable[[], None] = lambda: None  # wakes the pump
 
     # -- the structlog processor ---------------------------------------------------------------------
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -129,7 +131,6 @@ class LogUplink:
                 self._mirror.append(record)
             else:
                 self.mirror_dropped += 1
-        self.on_record()
         return event_dict
 
     def _drop(self) -> None:

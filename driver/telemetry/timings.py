@@ -66,6 +66,10 @@ class Timings:
             record["run_id"] = run_id
         self._pending.append(record)
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
     def take(self) -> list[dict[str, Any]]:
         out, self._pending = self._pending, []
         return out
