@@ -47,6 +47,7 @@ class RunPath:
     async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
         spec = EVENT_KINDS[kind]
+        self.k.telemetry.observe(kind, payload)
         return await self.k.outbox.admit(kind, validate_payload(kind, payload), spec.delivery, run_id)
 
     async def input_start(self, command: cmds.InputStart, fp: str) -> None:
