@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from driver.protocol.frames import HeartbeatActivity as Activity
-from driver.telemetry.proctree import TreeMeter, TreeSample, sample_tree
+from driver.telemetry.proctree import TreeMeter, TreeReader, TreeSample
 
 Clock = Callable[[], float]
 Sampler = Callable[[list[int]], TreeSample]
@@ -18,11 +18,11 @@ Sampler = Callable[[list[int]], TreeSample]
 
 class ActivityTracker:
     def __init__(
-        self, roots: Callable[[], list[int]], *, clock: Clock = time.monotonic, sampler: Sampler = sample_tree
+        self, roots: Callable[[], list[int]], *, clock: Clock = time.monotonic, sampler: Sampler | None = None
     ):
         self._roots = roots  # the provider's process group leaders (pgid = pid: they called setsid)
         self._clock = clock
-        self._sampler = sampler
+        self._sampler = sampler or TreeReader().sample
         self.meter = TreeMeter()
         self._meter_roots: tuple[int, ...] = ()
         self.last_output: float | None = None
