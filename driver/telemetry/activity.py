@@ -7,7 +7,8 @@ the tracker reads the provider tree from /proc when asked. Nothing here waits or
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from driver.protocol.frames import HeartbeatActivity as Activity
 from driver.telemetry.proctree import TreeMeter, TreeReader, TreeSample
@@ -72,3 +73,23 @@ class ActivityTracker:
             out.tool_call_id = tool_call_id
             out.tool_running_ms = int((now - started) * 1000)
         return out
+
+
+def describe(activity: Mapping[str, Any] | None) -> str:
+    """One human line for a heartbeat's `activity` (the dev console's `/status`, the CP's API)."""
+    if not activity:
+        return "no activity reported yet"
+    parts: list[str] = []
+    if activity.get("provider_pid") is None:
+        parts.append("no provider process")
+    else:
+        cpu_s = (activity.get("provider_cpu_ms") or 0) / 1000
+        parts.append(
+            f"provider pid {activity['provider_pid']}: {activity.get('provider_processes')} processes, "
+            f"{activity.get('provider_rss_mb')} MB, cpu {cpu_s:.1f} s"
+        )
+    ago = activity.get("last_provider_output_ms_ago")
+    parts.append("no output yet" if ago is None else f"last output {ago / 1000:.1f} s ago")
+    if activity.get("tool_call_id"):
+        parts.append(f"tool {activity['tool_call_id']} running {(activity.get('tool_running_ms') or 0) / 1000:.1f} s")
+    return " | ".join(parts)
