@@ -34,7 +34,10 @@ for an agent that has no model:
 - `[[grow:MB]]`: allocate MB megabytes (written, so resident) and keep them for the process's life;
 - `[[env:NAME]]`: reply with the value of the environment variable NAME (or "unset");
 - `[[meta]]`: reply with the JSON of the prompt request's `_meta` (trace context rides there).
-Sessions it created can be loaded again with `session/load` (it advertises `loadSession`).
+Sessions it created can be loaded again with `session/load` (it advertises `loadSession`, unless
+`STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
+
+With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
 
 With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
 and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
@@ -55,6 +58,8 @@ from typing import Any
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
 MODES = ("normal", "ignore-cancel", "ignore-term", "exit-mid-turn", "no-init", "crash-after-init", "crash-on-start")
 IGNORES_CANCEL = MODE in ("ignore-cancel", "ignore-term")
+LOAD_SESSION = os.environ.get("STUBBORN_LOAD_SESSION", "1") != "0"
+NEW_SESSION_DELAY_S = int(os.environ.get("STUBBORN_NEW_SESSION_DELAY_MS", "0")) / 1000
 
 _out_lock = threading.Lock()
 _pending: dict[int, dict[str, Any]] = {}
@@ -247,7 +252,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                 "result": {
                     "protocolVersion": 1,
                     "agentCapabilities": {
-                        "loadSession": True,
+                        "loadSession": LOAD_SESSION,
                         "sessionCapabilities": {"additionalDirectories": {}},
                         "mcpCapabilities": {"http": True},
                     },
@@ -266,6 +271,8 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         if AUTH_VAR and not _authenticated.is_set():
             send({"id": rid, "error": {"code": -32000, "message": "Authentication required"}})
             return
+        if _sessions and NEW_SESSION_DELAY_S:
+            time.sleep(NEW_SESSION_DELAY_S)  # a slow session.reset (the first session opens at once)
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params
