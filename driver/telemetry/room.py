@@ -162,7 +162,7 @@ class TelemetryRoom:
                 self._run_span = None
         elif kind == "runtime.resume.updated" and self._starting:
             self.timings.session_known(payload.get("value"))
-        elif kind == "runtime.session.reset" and not self._starting:
+        elif kind == "runtime.session.reset" and self.k.provider.resetting:
             self.timings.session_known(payload.get("current"), reset=True)
         if self.timings.pending:
             self._wake_soon()
