@@ -68,3 +68,42 @@ async def test_activity_timings_and_a_traced_run(
         phases = {e["payload"]["phase"] for e in cp.events(INSTANCE, kinds="runtime.timing.recorded")}
         assert {"hello", "provider.spawn", "provider.ready", "first_token"} <= phases
         assert phases & {"session.open", "session.resume"}
+
+
+@pytest.mark.provider
+async def test_a_host_tool_call_is_a_span_of_its_run(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes, otlp: OtlpReceiver
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        payload = runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+        payload["telemetry"] = {"otlp_endpoint": otlp.base_url}
+        payload["execution"]["permission_policy"] = "full_access"
+        payload["execution"]["host_tools"] = [
+            {
+                "name": "lookup",
+                "description": "Look a thing up",
+                "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+            }
+        ]
+        d = Driver(tmp_path, payload)
+        drivers.append(d)
+        cid, _ = await cp.send_command(
+            INSTANCE, "input.start", run_id="run-host", input={"text": '[[tool:mcp__host__lookup:{"q": "teal"}]]'}
+        )
+        called = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "host_tool.called", timeout=90)
+        await cp.send_command(
+            INSTANCE,
+            "host_tool.result",
+            call_id=called["payload"]["call_id"],
+            content=[{"type": "text", "text": "teal is a colour"}],
+            is_error=False,
+        )
+        assert (await cp.wait_for_command_status(cid, timeout=90))["status"] == "completed"
+        call = await anyio.to_thread.run_sync(
+            lambda: otlp.wait_for(lambda s: s.name == "agent_driver.host_tool.call", timeout=20)
+        )
+        run_span = await anyio.to_thread.run_sync(
+            lambda: otlp.wait_for(lambda s: s.name == "agent_driver.run", timeout=20)
+        )
+        assert call.parent_span_id == run_span.span_id and call.trace_id == run_span.trace_id
+        assert call.attributes["tool.name"] == "lookup" and call.status_code != 2
