@@ -12,7 +12,7 @@ COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed
 COPY pyproject.toml README.md LICENSE ./
 COPY driver ./driver
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[telemetry]"
 
 ENV AGENT_DRIVER_PROJECT_ROOT=/opt/agent-driver
 RUN useradd --create-home --uid 10001 agent && mkdir -p /workspace && chown agent:agent /workspace

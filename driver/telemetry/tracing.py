@@ -79,7 +79,14 @@ def make_tracer(telemetry: Any, environment: Mapping[str, str], resource: Mappin
     """`NoTracer` without an endpoint; else the OpenTelemetry exporter (imported only now)."""
     if telemetry is None or not telemetry.otlp_endpoint:
         return NoTracer()
-    from driver.telemetry.tracing_otel import OtelTracer
+    try:
+        from driver.telemetry.tracing_otel import OtelTracer
+    except ImportError as exc:
+        # An image built without the `telemetry` extra: the session goes on untraced, and says why.
+        from driver import logs
+
+        logs.get("driver.telemetry").error("telemetry.unavailable", error=str(exc))
+        return NoTracer()
 
     headers = {name: environment[var] for name, var in telemetry.headers_from_env.items() if var in environment}
     return OtelTracer(telemetry.otlp_endpoint, headers, resource)

@@ -120,3 +120,25 @@ async def test_without_an_endpoint_opentelemetry_is_never_imported(tmp_path: Pat
         imports = d.stderr()
         assert "import time:" in imports and "driver.kernel" in imports  # the import log is there...
         assert "opentelemetry" not in imports  # ...and never names OpenTelemetry
+
+
+async def test_an_endpoint_without_the_sdk_installed_runs_untraced_and_says_so(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    shadow = tmp_path / "shadow" / "opentelemetry"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('opentelemetry is not installed here')\n")
+    async with control_plane(tmp_path) as cp:
+        payload = boot_payload(tmp_path, cp.url)
+        payload["telemetry"] = {"otlp_endpoint": "http://127.0.0.1:9"}
+        d = Driver(tmp_path, payload, env={**FAST, "PYTHONPATH": str(shadow.parent)})
+        drivers.append(d)
+        assert await reply_of(cp, "run-1", "[[say:still here]]") == "still here"
+        said = await cp.wait_for_event(
+            INSTANCE,
+            lambda e: e["kind"] == "diagnostic.reported" and e["payload"]["code"] == "driver.log",
+            timeout=20,
+        )
+        assert said["payload"]["severity"] == "error"
+        assert said["payload"]["message"] == "driver.telemetry: telemetry.unavailable"
+        assert "not installed here" in said["payload"]["details"]["fields"]["error"]
