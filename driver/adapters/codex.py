@@ -125,7 +125,13 @@ class CodexAdapter(Adapter):
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
         try:
             settings = settings_from(self.config.execution)
-            text, extra_env = render_config(settings, self.config.execution.mcp_servers, host_mcp_url)
+            text, extra_env = render_config(
+                settings,
+                self.config.execution.mcp_servers,
+                host_mcp_url,
+                # Set by the kernel when the boot payload names a collector (driver.telemetry.room).
+                otlp_endpoint=self.config.env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            )
         except CodexConfigError as exc:
             raise ProviderError("provider.config", str(exc)) from None
         if settings.base_url is not None and settings.env_key not in self.config.env:

@@ -68,6 +68,12 @@ async def test_activity_timings_and_a_traced_run(
         phases = {e["payload"]["phase"] for e in cp.events(INSTANCE, kinds="runtime.timing.recorded")}
         assert {"hello", "provider.spawn", "provider.ready", "first_token"} <= phases
         assert phases & {"session.open", "session.resume"}
+        if runtime == "openai-app-server":
+            # Codex exports its own spans to the same collector, under the run span (its `trace` field).
+            codex_span = await anyio.to_thread.run_sync(
+                lambda: otlp.wait_for(lambda s: s.parent_span_id == run_span.span_id, timeout=20)
+            )
+            assert codex_span.trace_id == RUN_TRACE and codex_span.resource.get("service.name") != "agent-driver"
 
 
 @pytest.mark.provider
