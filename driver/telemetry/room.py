@@ -19,13 +19,14 @@ from driver.adapters.base import Adapter, ProviderError
 from driver.protocol.events import RUN_TERMINALS
 from driver.protocol.frames import HeartbeatActivity
 from driver.runs import Run
-from driver.telemetry import liveness, log_uplink, tracing
-from driver.telemetry.activity import ActivityTracker
+from driver.telemetry import log_uplink, tracing
 from driver.telemetry.timings import Timings, process_start_monotonic
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
     from driver.protocol.commands import InputStart
+    from driver.telemetry.activity import ActivityTracker
+    from driver.telemetry.liveness import Verdict
 
 log = logs.get("driver.telemetry")
 
@@ -58,7 +59,7 @@ class TelemetryRoom:
     def __init__(self, kernel: Kernel) -> None:
         self.k = kernel
         boot = kernel.boot
-        self.tracker = ActivityTracker(lambda: self.k.adapter.process_group_ids())
+        self._tracker: ActivityTracker | None = None
         self.timings = Timings(
             Path(boot.session.state_dir) / "driver" / "provider-started", process_start=process_start_monotonic()
         )
@@ -78,6 +79,16 @@ class TelemetryRoom:
         self._provider_span: tracing.Span | None = None
         self._run_span: tracing.Span | None = None
         self._waits: dict[str, tracing.Span] = {}  # permission request / host tool call id → span
+
+    @property
+    def tracker(self) -> ActivityTracker:
+        """Built at first use (the first heartbeat, after `hello`): /proc reading is not on the path
+        to `hello`, whose start-up time is measured."""
+        if self._tracker is None:
+            from driver.telemetry.activity import ActivityTracker
+
+            self._tracker = ActivityTracker(lambda: self.k.adapter.process_group_ids())
+        return self._tracker
 
     # -- the provider's environment ---------------------------------------------------------------
     def provider_env(self) -> dict[str, str]:
@@ -184,7 +195,9 @@ class TelemetryRoom:
         limit = k.options.provider_silence_timeout_s
         if limit <= 0:
             return
-        verdict: liveness.Verdict | None = None
+        from driver.telemetry import liveness  # the first run's, not the start-up's import
+
+        verdict: Verdict | None = None
 
         def cpu_ms() -> float:
             self.tracker.sample()
