@@ -284,8 +284,9 @@ class TelemetryRoom:
                 break
 
     async def shutdown(self) -> None:
-        """At exit: the last timings and lines are admitted, the spans exported (bounded)."""
-        with log_uplink.not_copied():
+        """At exit: the last timings and lines are admitted, the spans exported (both bounded: a full
+        outbox or an unreachable collector must not hold the exit)."""
+        with anyio.move_on_after(1.0), log_uplink.not_copied():
             await self.flush()
         self.session_span.end()
         if not isinstance(self.tracer, tracing.NoTracer):
