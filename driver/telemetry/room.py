@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import anyio
 
@@ -102,6 +103,24 @@ class TelemetryRoom:
         if telemetry is not None:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = telemetry.otlp_endpoint
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+            environment = self.k.boot.execution.environment
+            headers = {h: environment[v] for h, v in telemetry.headers_from_env.items() if v in environment}
+            if headers:
+                # The standard variable's format: comma-separated, values percent-encoded. In the
+                # process environment only (the provider gets execution.environment anyway).
+                env["OTEL_EXPORTER_OTLP_HEADERS"] = ",".join(f"{h}={quote(v, safe='')}" for h, v in headers.items())
+            if self.k.boot.execution.runtime == "claude-agent-sdk":
+                # Claude Code's own OpenTelemetry: traces only (its enhanced-telemetry beta), to the
+                # same collector, parented by TRACEPARENT.
+                env.update(
+                    {
+                        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+                        "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
+                        "OTEL_TRACES_EXPORTER": "otlp",
+                        "OTEL_METRICS_EXPORTER": "none",
+                        "OTEL_LOGS_EXPORTER": "none",
+                    }
+                )
         return env
 
     # -- hooks the kernel calls -------------------------------------------------------------------

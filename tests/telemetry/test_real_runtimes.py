@@ -68,6 +68,16 @@ async def test_activity_timings_and_a_traced_run(
         phases = {e["payload"]["phase"] for e in cp.events(INSTANCE, kinds="runtime.timing.recorded")}
         assert {"hello", "provider.spawn", "provider.ready", "first_token"} <= phases
         assert phases & {"session.open", "session.resume"}
+        if runtime == "claude-agent-sdk":
+            # Claude Code exports its own spans too; with no per-turn field they join the session's
+            # trace, under the session span its TRACEPARENT named (the parent of our provider start).
+            start = await anyio.to_thread.run_sync(
+                lambda: otlp.wait_for(lambda s: s.name == "agent_driver.provider.start", timeout=20)
+            )
+            claude = await anyio.to_thread.run_sync(
+                lambda: otlp.wait_for(lambda s: s.resource.get("service.name") == "claude-code", timeout=30)
+            )
+            assert claude.trace_id == start.trace_id and claude.name.startswith("claude_code.")
         if runtime == "openai-app-server":
             # Codex exports its own spans to the same collector, under the run span (its `trace` field).
             codex_span = await anyio.to_thread.run_sync(

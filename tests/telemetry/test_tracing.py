@@ -84,6 +84,10 @@ async def test_spans_and_context_reach_the_collector_and_the_provider(
         assert (plain.trace_id, plain.parent_span_id) == (BOOT_TRACE, BOOT_SPAN)
         # The provider process got the session's context in its environment.
         env_traceparent = await reply_of(cp, "run-env", "[[env:TRACEPARENT]]")
+        # And the exporter settings a runtime built on an OpenTelemetry SDK reads (headers in env only).
+        assert await reply_of(cp, "run-endpoint", "[[env:OTEL_EXPORTER_OTLP_ENDPOINT]]") == otlp.base_url
+        headers = await reply_of(cp, "run-headers", "[[env:OTEL_EXPORTER_OTLP_HEADERS]]")
+        assert headers == "Authorization=Bearer%20otlp-secret-4242"
         # A permission wait is a span of its run.
         cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-perm", input={"text": "[[perm]]"})
         asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=20)
