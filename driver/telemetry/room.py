@@ -128,8 +128,12 @@ class TelemetryRoom:
         self.timings.hello_sent()
         self._wake_soon()
 
-    def heartbeat_activity(self) -> HeartbeatActivity:
-        return self.tracker.activity()
+    def heartbeat_activity(self) -> HeartbeatActivity | None:
+        try:
+            return self.tracker.activity()
+        except Exception as exc:  # reading /proc must never take the heartbeat (and the link) down
+            log.warning("activity.unreadable", error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def on_welcome(self) -> None:
         self.welcomed = True
