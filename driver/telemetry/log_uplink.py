@@ -34,6 +34,7 @@ MIRROR_BURST = 20.0
 MIRROR_EVERY_S = 10.0
 MAX_MESSAGE_CHARS = 1000
 MAX_FIELDS_BYTES = 4096
+BATCH_MAX_BYTES = 64 * 1024
 MIRRORED_LEVELS = frozenset({"warning", "error", "critical", "exception"})
 _RESERVED = frozenset({"event", "level", "timestamp", "logger"})
 
@@ -141,10 +142,18 @@ class LogUplink:
     def __len__(self) -> int:
         return len(self._records)
 
-    def take_batch(self, max_records: int) -> tuple[list[dict[str, Any]], int]:
-        """Up to `max_records` oldest lines and the drop count since the last batch."""
-        n = min(max_records, len(self._records))
-        batch = [self._records.popleft() for _ in range(n)]
+    def take_batch(self, max_records: int, max_bytes: int = BATCH_MAX_BYTES) -> tuple[list[dict[str, Any]], int]:
+        """The oldest lines, up to `max_records` and about `max_bytes` encoded (at least one line), and
+        the drop count since the last batch. The byte bound keeps a batch of long lines far below the
+        control plane's event size limit (256 KiB by default), so it is never cut."""
+        batch: list[dict[str, Any]] = []
+        size = 0
+        while self._records and len(batch) < max_records:
+            record_size = len(msgspec.json.encode(self._records[0]))
+            if batch and size + record_size > max_bytes:
+                break
+            batch.append(self._records.popleft())
+            size += record_size
         dropped, self.dropped = self.dropped, 0
         return batch, dropped
 

@@ -74,6 +74,17 @@ def test_warnings_and_errors_are_mirrored_within_their_own_bound() -> None:
     assert len(uplink.take_mirrored()) == MIRROR_BURST - 2 and uplink.mirror_dropped == 7
 
 
+def test_batches_are_bounded_in_bytes() -> None:
+    clock = Clock()
+    uplink = LogUplink(clock=clock)
+    for _ in range(50):
+        clock.t += 1
+        line(uplink, "driver.kernel", detail="x" * 3000)
+    batch, _ = uplink.take_batch(100, max_bytes=16 * 1024)
+    assert 1 < len(batch) < 50 and len(json.dumps(batch)) <= 16 * 1024
+    assert len(uplink) == 50 - len(batch)
+
+
 def test_recursion_guard_and_odd_values() -> None:
     uplink = LogUplink(clock=Clock())
     with not_copied():
