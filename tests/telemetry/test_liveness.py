@@ -82,7 +82,9 @@ async def test_a_silent_tool_that_computes_is_never_failed(tmp_path: Path, drive
         busy = await _heartbeat(cp, lambda a: a.get("tool_call_id") and (a.get("tool_running_ms") or 0) > 1000)
         assert busy["provider_pid"] == pid and busy["provider_processes"] >= 1
         later = await _heartbeat(cp, lambda a: (a.get("tool_running_ms") or 0) > busy["tool_running_ms"] + 1000)
-        assert later["provider_cpu_ms"] > busy["provider_cpu_ms"] + 500  # busy: about a core
+        # Busy: far above the rule's 1 % of a core (by a margin that holds on a loaded shared machine).
+        elapsed_ms = later["tool_running_ms"] - busy["tool_running_ms"]
+        assert later["provider_cpu_ms"] - busy["provider_cpu_ms"] > 0.05 * elapsed_ms
         assert later["last_provider_output_ms_ago"] > 1500  # silent for longer than the limit
         status = await cp.wait_for_command_status(cid, timeout=30)
         assert status["status"] == "completed"
