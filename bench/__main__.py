@@ -1,7 +1,7 @@
 """`python -m bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
-Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, containment. Exit status is nonzero
-only if a benchmark crashed; goals that are not met are printed as such.
+Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment.
+Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ import time
 
 from bench._common import ROOT
 
-BENCHMARKS = ("event_path", "backlog_rss", "cold_start", "ttft", "cancel_evidence", "acp_agents", "containment")
+BENCHMARKS = (
+    "event_path",
+    "backlog_rss",
+    "cold_start",
+    "ttft",
+    "cancel_evidence",
+    "acp_agents",
+    "heartbeat",
+    "containment",
+)
 
 
 def main(argv: list[str]) -> int:
