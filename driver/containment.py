@@ -197,9 +197,10 @@ def exit_status(code: int | None) -> int | None:
 
 
 def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, a process's identity."""
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, a process's identity.
+    None for a process that is gone, zombies included (dead, only not reaped yet: nothing to kill)."""
     fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
+    return int(fields[19]) if fields and fields[0] != "Z" else None
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -270,7 +271,7 @@ def _group_members(pgid: int, *, not_before: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
-        if fields and int(fields[2]) == pgid and int(fields[19]) >= not_before:
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid and int(fields[19]) >= not_before:
             members.append(int(entry.name))
     return members
 
