@@ -58,6 +58,14 @@ PERMISSION_OPTIONS: tuple[PermissionOption, ...] = (
 )
 
 
+def sdk_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The SDK keeps a dict schema as JSON Schema only when it has `properties`; any other dict is read
+    as a {name: type} map (so `{"type": "object"}` became "a string parameter named type")."""
+    if schema.get("type") == "object" and "properties" not in schema:
+        return {**schema, "properties": {}}
+    return schema
+
+
 class ResumeFailed(Exception):
     pass
 
@@ -403,7 +411,9 @@ class ClaudeAdapter(Adapter):
             return call
 
         definitions = [
-            sdk.SdkMcpTool(name=t.name, description=t.description, input_schema=t.input_schema, handler=handler(t.name))
+            sdk.SdkMcpTool(
+                name=t.name, description=t.description, input_schema=sdk_schema(t.input_schema), handler=handler(t.name)
+            )
             for t in tools
         ]
         return sdk.create_sdk_mcp_server("host", tools=definitions)
