@@ -17,11 +17,13 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import claude_agent_sdk as sdk
 
+from driver.adapters import instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -348,11 +350,18 @@ class ClaudeAdapter(Adapter):
         env = provider_environment(config.env, config.state_dir)
         servers, problems = mcp_servers(execution.mcp_servers, execution.environment)
         self._pending_diagnostics = problems
+        # Skills (PROTOCOL §6.4) the native way: linked into the user skills folder of our own
+        # CLAUDE_CONFIG_DIR, with the "user" settings source on so Claude Code lists them. That
+        # source reads only files under the driver's state_dir; the project's settings stay off.
+        skills = instructions.installed_skills(Path(config.session.cwd), execution.skills)
+        if skills:
+            instructions.link_skills(skills, Path(env["CLAUDE_CONFIG_DIR"]) / "skills")
+        driver_text = instructions.compose(execution, config.session, own_prompt=False)
         kwargs: dict[str, Any] = {
             "cwd": config.session.cwd,
-            "system_prompt": system_prompt(execution),
+            "system_prompt": system_prompt(execution, driver_text),
             "include_partial_messages": True,
-            "setting_sources": [],
+            "setting_sources": ["user"] if skills else [],
             "env": env,
             "stderr": self._on_stderr,
             "mcp_servers": servers,

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import anyio
 import structlog
 
+from driver.adapters import instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -135,6 +136,10 @@ class CodexAdapter(Adapter):
         home = self.config.state_dir / "codex-home"
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         (home / "config.toml").write_text(text)
+        # Skills (PROTOCOL §6.4) the native way: Codex lists what CODEX_HOME/skills holds to the model.
+        skills = instructions.installed_skills(self._cwd, self.config.execution.skills)
+        if skills:
+            instructions.link_skills(skills, home / "skills")
         return home, extra_env
 
     def _helper_aliases(self, binary: Path) -> Path:
@@ -201,8 +206,9 @@ class CodexAdapter(Adapter):
             "approvalPolicy": self._settings.approval_policy,
             "sandbox": self._settings.sandbox,
         }
-        if self.config.execution.system_prompt:
-            params["developerInstructions"] = self.config.execution.system_prompt
+        # The execution's prompt and the driver's paragraph ride as developer instructions (Codex keeps
+        # its own base instructions); skills are in CODEX_HOME/skills, which Codex lists itself.
+        params["developerInstructions"] = instructions.compose(self.config.execution, self.config.session)
         if self._settings.config_overrides:
             params["config"] = self._settings.config_overrides
         return params

@@ -3,6 +3,7 @@ driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the mo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,10 +17,11 @@ import pytest
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.claude import ClaudeAdapter
 from driver.adapters.environment import provider_env
-from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig, Skill
 from driver.protocol.commands import RunInput
 from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
 from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
+from tests.helpers import skills as skill_archives
 
 pytestmark = pytest.mark.provider
 
@@ -50,6 +52,9 @@ class Harness:
         native_resume: NativeResume | None = None,
         recovery: list[RecoveryMessage] | None = None,
         host_tools: list[HostTool] | None = None,
+        system_prompt: str = "",
+        skills: list[Skill] | None = None,
+        memory_dir: str | None = None,
     ) -> tuple[ClaudeAdapter, RecordingEvents, ScriptedPermissions]:
         environment = {"ANTHROPIC_BASE_URL": self.fake.base_url, "ANTHROPIC_API_KEY": API_KEY}
         execution = ExecutionConfig(
@@ -61,9 +66,16 @@ class Harness:
             native_resume=native_resume,
             recovery_messages=recovery or [],
             host_tools=host_tools or [],
+            system_prompt=system_prompt,
+            skills=skills or [],
         )
         session = SessionConfig(
-            id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(self.cwd), state_dir=str(self.state)
+            id="ses-1",
+            agent_id="agt-1",
+            kind="pet" if memory_dir else "cattle",
+            cwd=str(self.cwd),
+            state_dir=str(self.state),
+            memory_dir=memory_dir,
         )
         config = AdapterConfig(
             session=session,
@@ -345,3 +357,25 @@ async def test_reset_starts_a_fresh_session(harness: Harness) -> None:
     [request] = _prompts(harness.fake, "fresh start?")
     assert "mango" not in str(request["messages"])  # the old conversation is gone
     assert events.of("runtime.resume.updated")[-1]["value"] == current
+
+
+async def test_instructions_and_skills_reach_the_model(harness: Harness) -> None:
+    installed = await skill_archives.install_all(harness.cwd, harness.root / "archives")
+    memory = harness.root / "memory"
+    memory.mkdir()
+    adapter, _, _ = harness.adapter(
+        system_prompt="Always answer like a ship's cook.", skills=installed, memory_dir=str(memory)
+    )
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[say:aye]] instructions check")
+    assert outcome.final_message_text == "aye"
+    [request] = [r for r in _prompts(harness.fake, "instructions check") if r.get("tools")]
+    system = json.dumps(request.get("system"))
+    assert "Always answer like a ship's cook." in system
+    assert "outputs/" in system and str(memory) in system  # the driver's paragraph, for a pet
+    # Skills the native way: Claude Code lists the skills of its user folder to the model.
+    whole = json.dumps(request)
+    for name, description in skill_archives.SKILLS:
+        assert name in whole and description in whole, name
+    links = sorted(p.name for p in (harness.state / "claude" / "claude-config" / "skills").iterdir())
+    assert links == sorted(n for n, _ in skill_archives.SKILLS)
