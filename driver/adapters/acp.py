@@ -79,6 +79,8 @@ class AcpAdapter(Adapter):
         self._reported_files: set[tuple[str, str | None]] = set()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._recovery_pending: list[tuple[str, str]] = []
+        # Instructions for an agent that takes no system prompt: sent ahead of a new session's first prompt.
+        self._instructions_pending = ""
         self._cwd = Path(config.session.cwd).resolve()
         # Counts of session/update variants we did not understand, for diagnostics.
         self.unknown_updates: dict[str, int] = {}
@@ -186,13 +188,6 @@ class AcpAdapter(Adapter):
             )
         if self._host is not None and not self.agent.agent_capabilities.mcp_capabilities.http:
             await self._config_warning("the acp agent takes no MCP server over http: host_tools are not offered")
-        if (
-            self.config.execution.system_prompt
-            and self.agent.agent_capabilities.session_capabilities.system_prompt is None
-        ):
-            await self._config_warning(
-                "the acp agent does not accept a system prompt: execution.system_prompt is not applied"
-            )
         resume = self.config.execution.native_resume
         if resume is not None:
             # A resume id of another runtime (the execution changed runtime) cannot be loaded either.
@@ -237,6 +232,10 @@ class AcpAdapter(Adapter):
             await self._authenticate()
             raw = await self._call("session/new", params)
         result = self._decode(raw, m.NewSessionResult, "session/new")
+        if "systemPrompt" not in params:
+            self._instructions_pending = acp_session.instruction_text(
+                self._cwd, self.config.session, self.config.execution
+            )
         await self._session_opened(result.session_id, result.modes, result.config_options)
         await self._report_setup_warnings()
         return result.session_id
@@ -355,6 +354,7 @@ class AcpAdapter(Adapter):
                 await self._emit_all(turn.finish("failed"))
                 raise
             self._recovery_pending = []
+            self._instructions_pending = ""
             result = self._decode(raw, m.PromptResult, "session/prompt")
             if result.usage is not None:
                 await self._emit_all(turn.prompt_usage(result.usage))
@@ -420,6 +420,8 @@ class AcpAdapter(Adapter):
 
     def _prompt_blocks(self, run_input: RunInput) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
+        if self._instructions_pending:
+            blocks.append({"type": "text", "text": f"<instructions>\n{self._instructions_pending}\n</instructions>"})
         if self._recovery_pending:
             lines = [
                 "Context: the earlier conversation of this session could not be resumed natively. "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.adapters import acp_models as m
+from driver.adapters import instructions
 from driver.ports.mcp_host import SERVER_NAME as HOST_SERVER_NAME
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 
@@ -82,11 +83,19 @@ def session_params(
         extra.append(session.memory_dir)
     if extra and capabilities.additional_directories is not None:
         params["additionalDirectories"] = extra
-    if execution.system_prompt and capabilities.system_prompt is not None:
+    text = instruction_text(cwd, session, execution)
+    if text and capabilities.system_prompt is not None:
         # `append` keeps the agent's own instructions (tool use, safety); every agent that
         # advertises the capability supports it.
-        params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": execution.system_prompt}]}
+        params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": text}]}
     return params
+
+
+def instruction_text(cwd: Path, session: SessionConfig, execution: ExecutionConfig) -> str:
+    """The system prompt, the driver's paragraph and the skills (ACP has no skills mechanism, so they
+    are listed with their paths): sent as the session's system prompt where the agent takes one, else
+    ahead of the first prompt of each new session."""
+    return instructions.compose(execution, session, instructions.installed_skills(cwd, execution.skills))
 
 
 def wanted_mode(execution: ExecutionConfig, modes: m.SessionModeState | None) -> str | None:

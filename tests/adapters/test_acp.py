@@ -59,6 +59,7 @@ from driver.protocol.boot import (
     NativeResume,
     RecoveryMessage,
     SessionConfig,
+    Skill,
 )
 from driver.protocol.commands import RunInput
 from driver.testing import codex_acp
@@ -69,6 +70,7 @@ from driver.testing.ports import (
     recording_ports,
     reject_first,
 )
+from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
@@ -112,6 +114,7 @@ def make_adapter(
     model: str = "",
     system_prompt: str = "",
     host_tools: list[HostTool] | None = None,
+    skills: list[Skill] | None = None,
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -134,11 +137,12 @@ def make_adapter(
         provider_options=provider_options or {},
         mcp_servers=mcp_servers or [],
         host_tools=host_tools or [],
+        skills=skills or [],
     )
     session = SessionConfig(
         id="ses-1",
         agent_id="agt-1",
-        kind="cattle",
+        kind="pet" if memory_dir else "cattle",
         cwd=str(cwd),
         state_dir=str(state),
         additional_directories=additional_directories or [],
@@ -699,13 +703,19 @@ async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any])
 async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> None:
     # execution.model picks a value of the agent's "model" config selector.
     model = "gpt-5.2" if agent.name == "codex-acp" else "haiku"
-    h = agent(tmp_path, model=model, system_prompt="Always answer like a lighthouse keeper.")
+    (tmp_path / "ws").mkdir()
+    installed = await skill_archives.install_all(tmp_path / "ws", tmp_path / "archives")
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    h = agent(
+        tmp_path,
+        model=model,
+        system_prompt="Always answer like a lighthouse keeper.",
+        skills=installed,
+        memory_dir=str(memory),
+    )
     await h.adapter.start()
-    if agent.name == "claude-agent-acp":
-        # Sent as ACP's (unstable) session systemPrompt, appended to the agent's own instructions.
-        assert h.events.of("diagnostic.reported") == []
-    else:
-        assert "system prompt" in h.events.of("diagnostic.reported")[0]["message"]
+    assert h.events.of("diagnostic.reported") == []
     sid = h.adapter.native_id
     assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
     out = await h.run("[[think]] [[say:The sky is teal today.]]")
@@ -713,8 +723,13 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
     assert out.final_message_text == "The sky is teal today."
     turn_request = last_request_with(h.fake, "The sky is teal today.")
     assert model in turn_request["model"]
-    sent_system = "lighthouse keeper" in json.dumps(turn_request.get("system"))
-    assert sent_system == (agent.name == "claude-agent-acp")
+    # claude-agent-acp takes ACP's (unstable) session systemPrompt, appended to its own instructions;
+    # codex-acp takes none, so the same text goes ahead of the session's first prompt.
+    where = json.dumps(turn_request.get("system") if agent.name == "claude-agent-acp" else turn_request["input"])
+    assert "Always answer like a lighthouse keeper." in where
+    assert "outputs/" in where and str(memory) in where
+    for name, description in skill_archives.SKILLS:
+        assert f"- {name}: {description} (file: {tmp_path / 'ws' / '.skills' / name / 'SKILL.md'})" in where
     thoughts = h.events.of("thought.completed")
     assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
     if h.agent_name == "claude-agent-acp":
