@@ -95,6 +95,7 @@ class ToolStarted(_P):
     name: str
     title: str
     input: Any
+    parent_tool_call_id: str | None = None  # the delegating call, for a subagent's work
 
 
 class ToolOutputDelta(_P):

@@ -3,6 +3,7 @@ driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.provider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-ant-fake-key-for-tests"
+SUBAGENT_TOOL = "Agent"  # Claude Code 2.1 calls its subagent tool Agent (formerly Task)
 
 
 @pytest.fixture(scope="module")
@@ -379,3 +381,37 @@ async def test_instructions_and_skills_reach_the_model(harness: Harness) -> None
         assert name in whole and description in whole, name
     links = sorted(p.name for p in (harness.state / "claude" / "claude-config" / "skills").iterdir())
     assert links == sorted(n for n, _ in skill_archives.SKILLS)
+
+
+async def test_subagent_work_and_file_writes_are_reported(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter("full_access")
+    (harness.cwd / "old.txt").write_text("before")
+    await adapter.start()
+    # The subagent's prompt holds a marker of its own, escaped so that it is not the parent's marker.
+    task = {
+        "description": "sub work",
+        "prompt": "\\u005b\\u005bshell:echo from-sub\\u005d\\u005d",
+        "run_in_background": False,  # else Claude Code runs it after the turn has ended
+    }
+    outcome = await _run(adapter, "run-1", f"[[tool:{SUBAGENT_TOOL}:{json.dumps(task)}]]", timeout=60)
+    assert outcome.status == "completed" and outcome.final_message_text == "tool done"
+    [delegating] = [p for p in events.of("tool.started") if p["name"] == SUBAGENT_TOOL]
+    assert delegating["parent_tool_call_id"] is None
+    [inner] = [p for p in events.of("tool.started") if p["name"] == "Bash"]
+    assert inner["parent_tool_call_id"] == delegating["tool_call_id"]
+    done = {p["tool_call_id"]: p["status"] for p in events.of("tool.completed")}
+    assert done == {delegating["tool_call_id"]: "completed", inner["tool_call_id"]: "completed"}
+    # The subagent's closing words are the delegating call's result.
+    [result] = [p["output"] for p in events.of("tool.completed") if p["tool_call_id"] == delegating["tool_call_id"]]
+    assert "shell done" in json.dumps(result)
+
+    for n, content in enumerate(("fresh", "again")):
+        outcome = await _run(adapter, f"run-w{n}", f"[[write:new.txt:{content}]]")
+        assert outcome.final_message_text == "write done"
+    # Claude Code refuses to overwrite a file it has not read: a failed tool changes nothing.
+    await _run(adapter, "run-old", "[[write:old.txt:after]]")
+    assert (harness.cwd / "old.txt").read_text() == "before"
+    assert events.of("file.changed") == [
+        {"path": "new.txt", "change": "created", "sha256": hashlib.sha256(b"fresh").hexdigest()},
+        {"path": "new.txt", "change": "modified", "sha256": hashlib.sha256(b"again").hexdigest()},
+    ]
