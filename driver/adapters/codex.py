@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import anyio
 import structlog
 
-from driver.adapters import instructions
+from driver.adapters import codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -61,7 +61,6 @@ _PLATFORMS = {
 }
 _IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp"})
 _HELPER_NAMES = ("codex-linux-sandbox",)
-_ITEM_APPROVALS = ("item/commandExecution/requestApproval", "item/fileChange/requestApproval")
 
 
 def codex_binary(project_root: Path, machine: str | None = None) -> Path:
@@ -477,7 +476,10 @@ class CodexAdapter(Adapter):
         for out in turn.handle(method, params):
             if isinstance(out, FileTouched):
                 digest = None if out.change == "deleted" else await anyio.to_thread.run_sync(_sha256, out.path)
-                await self.ports.emit("file.changed", {"path": out.relpath, "change": out.change, "sha256": digest})
+                if (out.path, digest) not in turn.reported_files:
+                    turn.reported_files.add((out.path, digest))
+                    payload = {"path": out.relpath, "change": out.change, "sha256": digest}
+                    await self.ports.emit("file.changed", payload)
             else:
                 await self.ports.emit(*out)
         if turn.end is not None:
@@ -488,36 +490,14 @@ class CodexAdapter(Adapter):
     async def _on_request(self, method: str, params: Any) -> Any:
         if method == "mcpServer/elicitation/request" and isinstance(params, dict):
             return await self._mcp_elicitation(params)
-        if method not in _ITEM_APPROVALS or not isinstance(params, dict):
+        if method not in codex_requests.APPROVALS or not isinstance(params, dict):
             raise JsonRpcError(METHOD_NOT_FOUND, f"agent-driver does not handle {method}")
-        item_id = str(params.get("itemId") or "")
-        offered = params.get("availableDecisions")
-        # Offer "always" only where Codex lists it (a command prompt may not).
-        always = not isinstance(offered, list) or "acceptForSession" in offered
-        options = [PermissionOption("accept", "allow_once", "Allow once")]
-        if always:
-            options.append(PermissionOption("acceptForSession", "allow_always", "Allow for this session"))
-        options.append(PermissionOption("decline", "reject_once", "Decline"))
-        if method == "item/commandExecution/requestApproval":
-            command = str(params.get("command") or "")
-            request = PermissionRequest(
-                tool_call_id=item_id,
-                title=f"Run: {command}" if command else "Run a command",
-                options=tuple(options),
-                tool_name="shell",
-                tool_input={"command": command, "cwd": params.get("cwd"), "reason": params.get("reason")},
-            )
-        else:
-            paths = self._turn.change_paths.get(item_id, []) if self._turn is not None else []
-            request = PermissionRequest(
-                tool_call_id=item_id,
-                title="Edit " + ", ".join(paths) if paths else "Apply file changes",
-                options=tuple(options),
-                tool_name="apply_patch",
-                tool_input={"changes": paths, "reason": params.get("reason"), "grant_root": params.get("grantRoot")},
-            )
+        turn = self._turn
+        request = codex_requests.permission_request(
+            method, params, lambda item_id: turn.change_paths.get(item_id, []) if turn is not None else []
+        )
         decision = await self.ports.permissions.request(request)
-        return {"decision": _codex_decision(decision)}
+        return codex_requests.answer(method, params, decision)
 
     async def _mcp_elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
         """Codex asks before an MCP tool call with a form elicitation marked `mcp_tool_call`; that is a
@@ -548,11 +528,3 @@ def _elicitation_action(decision: PermissionDecision) -> dict[str, Any]:
     if decision.outcome == "allowed":
         return {"action": "accept", "content": {}}
     return {"action": "cancel" if decision.outcome == "cancelled" else "decline"}
-
-
-def _codex_decision(decision: PermissionDecision) -> str:
-    if decision.outcome == "allowed":
-        return "acceptForSession" if decision.option_kind == "allow_always" else "accept"
-    if decision.outcome == "cancelled":
-        return "cancel"  # the run is being cancelled: Codex also interrupts the turn
-    return "decline"  # rejected, or timed out: the turn goes on without the tool
