@@ -68,8 +68,9 @@ class HostToolReply:
 
 
 class EventPort(Protocol):
-    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
-        """Admit one event. Lossless events are journaled before this returns; may wait (backpressure)."""
+    async def emit(self, kind: str, payload: dict[str, Any]) -> str | None:
+        """Admit one event. Lossless events are journaled before this returns; may wait (backpressure).
+        Returns the event_id, or None for an event that was dropped."""
 
 
 class PermissionPort(Protocol):

@@ -19,7 +19,7 @@ import anyio
 
 from driver.adapters.base import PermissionDecision, PermissionOption, PermissionRequest
 
-Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 DecidedBy = Literal["control_plane", "policy", "timeout", "cancel"]
 
 
