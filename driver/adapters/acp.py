@@ -26,7 +26,7 @@ import anyio
 import msgspec
 import structlog
 
-from driver.adapters import acp_fs, acp_permissions, acp_session
+from driver.adapters import acp_fs, acp_permissions, acp_session, attachments
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalError, TerminalManager
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
@@ -330,12 +330,12 @@ class AcpAdapter(Adapter):
             raise ProviderError("provider.not_started", "the acp agent has no open session")
         if self._turn is not None:
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
+        prompt = self._prompt_blocks(run_input)  # first: an attachment it refuses changes nothing
         turn = AcpTurn(run_id)
         self._turn = turn
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
         self._reported_files = set()
-        prompt = self._prompt_blocks(run_input)
         try:
             try:
                 raw = await self._prompt(prompt)
@@ -432,10 +432,11 @@ class AcpAdapter(Adapter):
             lines.extend(f"{role}: {text}" for role, text in self._recovery_pending)
             blocks.append({"type": "text", "text": "\n".join(lines)})
         blocks.append({"type": "text", "text": run_input.text})
-        for attachment in run_input.attachments:
-            # The kernel downloads attachments into cwd/inputs/ before the run.
-            path = self._cwd / "inputs" / attachment.name
-            blocks.append({"type": "resource_link", "name": attachment.name, "uri": path.as_uri()})
+        assert self.agent is not None
+        try:
+            blocks.extend(acp_session.attachment_blocks(self._cwd, run_input.attachments, self.agent))
+        except (attachments.AttachmentRefused, OSError) as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
         return blocks
 
     async def cancel(self) -> None:

@@ -7,15 +7,16 @@ which environment-variable auth method can be used. The adapter sends what these
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from driver.adapters import acp_models as m
-from driver.adapters import instructions
+from driver.adapters import attachments, instructions
 from driver.ports.mcp_host import SERVER_NAME as HOST_SERVER_NAME
 from driver.protocol.boot import ExecutionConfig, SessionConfig
+from driver.protocol.commands import Attachment
 
 # Mode ids of the agents we know, by policy. ACP has no standard "never ask" switch.
 FULL_ACCESS_MODES: tuple[str, ...] = ("bypassPermissions", "full-access", "yolo")
@@ -135,3 +136,26 @@ def auth_hint(agent: m.InitializeResult) -> str:
         return f"set one of {', '.join(names)} in execution.environment"
     methods = ", ".join(a.id for a in agent.auth_methods) or "none"
     return f"it offers no environment-variable method (methods: {methods})"
+
+
+def attachment_blocks(cwd: Path, given: Sequence[Attachment], agent: m.InitializeResult) -> list[dict[str, Any]]:
+    """The attachments (downloaded into cwd/inputs/ by the kernel) as ACP content blocks: images as
+    `image` where the agent takes them, short texts as embedded `resource` where it takes embedded
+    context, anything else as a `resource_link` (every agent accepts those). An image for an agent
+    without image support is refused (AttachmentRefused): it would silently never reach the model."""
+    caps = agent.agent_capabilities.prompt_capabilities
+    blocks: list[dict[str, Any]] = []
+    for item in attachments.local(cwd, given):
+        uri = item.path.as_uri()
+        if item.kind == "image":
+            if not caps.image:
+                raise attachments.AttachmentRefused(
+                    f"attachment {item.name!r}: the acp agent does not accept images (promptCapabilities.image)"
+                )
+            blocks.append({"type": "image", "mimeType": item.mime_type, "data": item.base64(), "uri": uri})
+        elif item.kind == "text" and caps.embedded_context:
+            resource = {"uri": uri, "mimeType": item.mime_type, "text": item.text()}
+            blocks.append({"type": "resource", "resource": resource})
+        else:
+            blocks.append({"type": "resource_link", "name": item.name, "uri": uri})
+    return blocks

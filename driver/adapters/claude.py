@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import anyio
 import claude_agent_sdk as sdk
 
-from driver.adapters import instructions
+from driver.adapters import attachments, instructions
 from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
     Adapter,
@@ -299,12 +299,13 @@ class ClaudeAdapter(Adapter):
         client = self._client
         if client is None:
             raise ProviderError("provider.not_running", "the Claude Code CLI is not running", retryable=True)
+        content = self._content(self._recovery_pending + run_input.text, run_input)
         self._cancelling = False
         translator = TurnTranslator(run_id, self._tools_started, self._refused, self.config.session.cwd)
         self._translator = translator
         prompt_uuid = str(uuid.uuid4())
         try:
-            await client.query(_one(_user_message(self._recovery_pending + run_input.text, prompt_uuid)))
+            await client.query(_one(_user_message(content, prompt_uuid)))
             self._recovery_pending = ""
             result = await self._drain(client, translator, prompt_uuid)
         except ProviderError:
@@ -319,6 +320,20 @@ class ClaudeAdapter(Adapter):
         finally:
             self._translator = None
         return await self._outcome(result, translator)
+
+    def _content(self, text: str, run_input: RunInput) -> str | list[dict[str, Any]]:
+        """The prompt, with image attachments as image blocks (other files are named in the text by
+        the kernel, for the model to read with its tools)."""
+        try:
+            local = attachments.local(self._cwd, run_input.attachments)
+            images = [
+                {"type": "image", "source": {"type": "base64", "media_type": a.mime_type, "data": a.base64()}}
+                for a in local
+                if a.kind == "image"
+            ]
+        except (attachments.AttachmentRefused, OSError) as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
+        return [{"type": "text", "text": text}, *images] if images else text
 
     async def _drain(self, client: Any, translator: TurnTranslator, prompt_uuid: str) -> Any:
         """Read messages until this turn's result; emit as they come."""
@@ -434,12 +449,12 @@ class ClaudeAdapter(Adapter):
         return sdk.PermissionResultDeny(message="The user declined this tool call.")
 
 
-def _user_message(text: str, prompt_uuid: str) -> dict[str, Any]:
+def _user_message(content: str | list[dict[str, Any]], prompt_uuid: str) -> dict[str, Any]:
     # Our own uuid on the prompt comes back as the result's `user_message_uuid`: that is how a turn
     # knows its own result.
     return {
         "type": "user",
-        "message": {"role": "user", "content": text},
+        "message": {"role": "user", "content": content},
         "parent_tool_use_id": None,
         "session_id": "default",
         "uuid": prompt_uuid,

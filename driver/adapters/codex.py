@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import anyio
 import structlog
 
-from driver.adapters import codex_requests, instructions
+from driver.adapters import attachments, codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -59,7 +59,6 @@ _PLATFORMS = {
     "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
     "arm64": ("linux-arm64", "aarch64-unknown-linux-musl"),
 }
-_IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp"})
 _HELPER_NAMES = ("codex-linux-sandbox",)
 
 
@@ -335,15 +334,13 @@ class CodexAdapter(Adapter):
             lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
             lines += [f"{role}: {said}" for role, said in self._recovery_pending]
             text = "\n".join(lines) + "\n\n" + text
-        # The kernel downloads attachments into cwd/inputs/ before the run. Images go to the model as
-        # images; any other file is named in the text for the agent to open with its tools.
-        images: list[dict[str, Any]] = []
-        for attachment in run_input.attachments:
-            path = self._cwd / "inputs" / attachment.name
-            if path.suffix.lower() in _IMAGE_SUFFIXES:
-                images.append({"type": "localImage", "path": str(path)})
-            else:
-                text += f"\n\nAttached file: inputs/{attachment.name}"
+        # The kernel downloads attachments into cwd/inputs/ before the run and names them in the text;
+        # images also go to the model as images.
+        try:
+            local = attachments.local(self._cwd, run_input.attachments)
+        except attachments.AttachmentRefused as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
+        images = [{"type": "localImage", "path": str(a.path)} for a in local if a.kind == "image"]
         return [{"type": "text", "text": text}, *images]
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:

@@ -31,6 +31,7 @@ every command fails with "codex-linux-sandbox: No such file"), so TMPDIR must po
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -70,6 +71,7 @@ from driver.testing.ports import (
     recording_ports,
     reject_first,
 )
+from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -842,3 +844,32 @@ async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, t
     out = await h.run('[[tool:mcp__host__echo:{"text": "hi"}]]')
     assert out.status == "completed" and out.final_message_text == "tool done"
     assert h.host_tools.calls == [("echo", {"text": "hi"})]
+
+
+@pytest.mark.provider
+async def test_real_image_and_text_attachments(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    image = attachment_files.png()
+    picture = attachment_files.place(h.cwd, "pic.png", image)
+    notes = attachment_files.place(h.cwd, "notes.txt", b"the password is swordfish")
+    await h.adapter.start()
+    caps = h.adapter.agent.agent_capabilities.prompt_capabilities  # type: ignore[union-attr]
+    assert caps.image  # both real agents take images
+    with anyio.fail_after(60):
+        out = await h.adapter.run("run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture, notes]))
+    assert out.final_message_text == "seen"
+    request = json.dumps(last_request_with(h.fake, "look at this"))
+    assert base64.b64encode(image).decode() in request
+    # A short text goes in as embedded context where the agent takes it, else as a link to the file.
+    assert ("the password is swordfish" in request) == caps.embedded_context
+
+
+async def test_image_for_an_agent_without_image_support_is_command_invalid(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    picture = attachment_files.place(h.cwd, "pic.png", attachment_files.png())
+    await h.adapter.start()
+    with pytest.raises(ProviderError) as info:
+        await h.adapter.run("run-1", RunInput(text="[[say:never]]", attachments=[picture]))
+    assert info.value.code == "command.invalid" and "does not accept images" in info.value.message
+    # Nothing was sent: the adapter is ready for the next run.
+    assert (await h.run("[[say:next]]", "run-2")).final_message_text == "next"

@@ -3,6 +3,7 @@ driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the mo
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, Recove
 from driver.protocol.commands import RunInput
 from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
 from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
+from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 
 pytestmark = pytest.mark.provider
@@ -415,3 +417,17 @@ async def test_subagent_work_and_file_writes_are_reported(harness: Harness) -> N
         {"path": "new.txt", "change": "created", "sha256": hashlib.sha256(b"fresh").hexdigest()},
         {"path": "new.txt", "change": "modified", "sha256": hashlib.sha256(b"again").hexdigest()},
     ]
+
+
+async def test_image_attachment_reaches_the_model(harness: Harness) -> None:
+    adapter, _, _ = harness.adapter()
+    image = attachment_files.png()
+    picture = attachment_files.place(harness.cwd, "pic.png", image)
+    await adapter.start()
+    with anyio.fail_after(30):
+        outcome = await adapter.run("run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture]))
+    assert outcome.final_message_text == "seen"
+    [request] = [r for r in _prompts(harness.fake, "look at this") if r.get("tools")]
+    blocks = [b for m in request["messages"] for b in (m["content"] if isinstance(m["content"], list) else [])]
+    images = [b for b in blocks if b.get("type") == "image"]
+    assert [i["source"]["data"] for i in images] == [base64.b64encode(image).decode()]

@@ -39,6 +39,7 @@ from driver.testing.ports import (
     recording_ports,
     reject_first,
 )
+from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -470,5 +471,25 @@ async def test_instructions_and_skills_reach_the_model(tmp_path: Path, fake: Fak
         for name, description in skill_archives.SKILLS:
             assert name in whole and description in whole, name
             assert f"/{name}/SKILL.md)" in whole  # a short path under an alias of the skills root
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_image_attachment_reaches_the_model(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    image = attachment_files.png()
+    picture = attachment_files.place(h.cwd, "pic.png", image)
+    notes = attachment_files.place(h.cwd, "notes.txt", b"plain words")
+    await h.adapter.start()
+    try:
+        with anyio.fail_after(30):
+            outcome = await h.adapter.run(
+                "run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture, notes])
+            )
+        assert outcome.final_message_text == "seen"
+        request = next(r for r in reversed(fake.requests) if "look at this" in json.dumps(r))
+        images = [c for i in request["input"] for c in (i.get("content") or []) if c.get("type") == "input_image"]
+        assert len(images) == 1 and images[0]["image_url"].startswith("data:image/png;base64,")
     finally:
         await h.adapter.stop()

@@ -17,7 +17,7 @@ The prompt text is scripted with the same markers as the fake model endpoints, w
 for an agent that has no model:
 - no marker: reply "Hello from the stubborn agent." in chunks;
 - `[[say:TEXT]]`: reply TEXT;
-- `[[echo]]`: reply with the text blocks of the prompt, one per line;
+- `[[echo]]`: reply with the text blocks of the prompt, one per line, then `[type] uri` of the others;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
@@ -175,7 +175,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     if "[[session]]" in text:
         reply = json.dumps(_session_params.get(session_id), sort_keys=True)
     elif "[[echo]]" in text:
-        reply = "\n".join(texts(params))
+        links = [f"[{b['type']}] {b.get('uri')}" for b in params.get("prompt", []) if b.get("type") != "text"]
+        reply = "\n".join(texts(params) + links)
     elif m := re.search(r"\[\[say:(.*?)\]\]", text, re.S):
         reply = m.group(1)
     elif "[[perm-unannounced]]" in text:

@@ -75,6 +75,8 @@ async def test_attachments_artifacts_skills_and_child_environment(tmp_path: Path
         assert (cwd / "inputs" / "notes.txt").read_bytes() == b"attached!"
         final = cp.events(INSTANCE, kinds="run.completed", run_id="run-att")[0]["payload"]["final_message_text"]
         assert "inputs/notes.txt" in final
+        # The attachment itself reached the adapter too (not only its name in the text).
+        assert f"[resource_link] {(cwd / 'inputs' / 'notes.txt').as_uri()}" in final
 
         cid2, _ = await cp.send_command(
             INSTANCE,
