@@ -16,6 +16,7 @@ pick a mode by well-known id (see acp_session.wanted_mode; `provider_options.mod
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
 import shutil
@@ -26,7 +27,7 @@ import anyio
 import msgspec
 import structlog
 
-from driver.adapters import acp_fs, acp_permissions, acp_session, attachments
+from driver.adapters import acp_fs, acp_permissions, acp_session, acp_state, attachments
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalError, TerminalManager
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
@@ -51,6 +52,7 @@ T = TypeVar("T")
 FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
 CANCEL_RESENDS = 3
 CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s
+_REFUSED = object()  # what _try_call returns for a refused request
 
 
 class AcpAdapter(Adapter):
@@ -72,6 +74,8 @@ class AcpAdapter(Adapter):
         self._setup_warnings: list[str] = []
         self._warned: set[str] = set()
         self._session_id: str | None = None
+        self._state = acp_state.SessionState()
+        self._terminal_decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
@@ -153,7 +157,7 @@ class AcpAdapter(Adapter):
             on_notification=self._on_notification,
         )
         self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
-        self._terminals = TerminalManager(env=env, default_cwd=self._cwd)
+        self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_output)
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._open_session()
@@ -238,7 +242,7 @@ class AcpAdapter(Adapter):
             self._instructions_pending = acp_session.instruction_text(
                 self._cwd, self.config.session, self.config.execution
             )
-        await self._session_opened(result.session_id, result.modes, result.config_options)
+        await self._session_opened(result.session_id, result.modes, result.config_options, raw)
         await self._report_setup_warnings()
         return result.session_id
 
@@ -250,22 +254,29 @@ class AcpAdapter(Adapter):
             log.info("acp.load_failed", session_id=session_id, code=exc.code, error=exc.message)
             return False
         result = self._decode(raw or {}, m.LoadSessionResult, "session/load")
-        await self._session_opened(session_id, result.modes, result.config_options)
+        await self._session_opened(session_id, result.modes, result.config_options, raw)
         await self._report_setup_warnings()
         return True
 
     async def _session_opened(
-        self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption]
+        self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption], raw: Any
     ) -> None:
         self._session_id = session_id
+        self._state = acp_state.SessionState()
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
+        await self._emit_all(self._state.opened(raw))
         await self._apply_mode(modes)
         await self._apply_model(config_options)
         options = self.config.execution.provider_options.get("config_options") or {}
         for config_id, value in dict(options).items():
-            await self._try_call(
-                "session/set_config_option", {"sessionId": session_id, "configId": config_id, "value": value}
-            )
+            await self._set_config(config_id, value)
+
+    async def _set_config(self, config_id: str, value: Any) -> None:
+        assert self._session_id is not None
+        answer = await self._try_call(
+            "session/set_config_option", acp_state.set_config_params(self._session_id, config_id, value)
+        )
+        await self._emit_all(self._state.config(answer))
 
     async def _apply_model(self, config_options: list[m.ConfigOption]) -> None:
         choice = acp_session.model_choice(self.config.execution.model, config_options)
@@ -273,15 +284,14 @@ class AcpAdapter(Adapter):
             if self.config.execution.model:
                 log.info("acp.model_not_selectable", model=self.config.execution.model)
             return
-        config_id, value = choice
-        await self._try_call(
-            "session/set_config_option", {"sessionId": self._session_id, "configId": config_id, "value": value}
-        )
+        await self._set_config(*choice)
 
     async def _apply_mode(self, modes: m.SessionModeState | None) -> None:
         wanted = acp_session.wanted_mode(self.config.execution, modes)
         if wanted is not None:
-            await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
+            answer = await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
+            if answer is not _REFUSED:
+                await self._emit_all(self._state.mode_set(wanted))
 
     async def _authenticate(self) -> None:
         assert self.agent is not None
@@ -336,6 +346,7 @@ class AcpAdapter(Adapter):
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
         self._reported_files = set()
+        self._terminal_decoders = {}
         try:
             try:
                 raw = await self._prompt(prompt)
@@ -465,10 +476,43 @@ class AcpAdapter(Adapter):
         except msgspec.ValidationError as exc:
             log.warning("acp.bad_update", error=str(exc))
             return
+        if note.session_id != self._session_id:
+            return  # history replayed by session/load (its id is set once loaded), or another session's
+        if note.update.get("sessionUpdate") in acp_state.STATE_UPDATES:
+            # The session's mode, options and commands change between turns too: not run-scoped.
+            await self._emit_all(self._state.feed(note.update))
+            return
         turn = self._turn
-        if turn is None or note.session_id != self._session_id:
-            return  # history replayed by session/load, or late updates after the turn ended
+        if turn is None:
+            return  # late updates after the turn ended
         await self._emit_all(turn.feed(note.update))
+        await self._link_terminals(turn)
+
+    async def _link_terminals(self, turn: AcpTurn) -> None:
+        """A tool call now shows one of our terminals: what it printed so far is the tool's output, and
+        what it prints from now on streams through `_terminal_output`."""
+        linked, turn.new_terminals = turn.new_terminals, []
+        for terminal_id in linked:
+            try:
+                terminal = self._terminals.get(terminal_id) if self._terminals is not None else None
+            except TerminalError:
+                continue  # not one of ours (or already released)
+            if terminal is None:
+                continue
+            # No await between reading the buffer and linking: a chunk is either in this text or
+            # streamed by _terminal_output, never both.
+            text = terminal.output()
+            self._terminal_decoders[terminal_id] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            if text:
+                await self.ports.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})
+
+    async def _terminal_output(self, terminal_id: str, chunk: bytes) -> None:
+        turn, decoder = self._turn, self._terminal_decoders.get(terminal_id)
+        if turn is None or decoder is None or terminal_id not in turn.terminals:
+            return
+        text = decoder.decode(chunk)
+        if text:
+            await self.ports.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})
 
     async def _on_request(self, method: str, params: Any) -> Any:
         if method == "session/request_permission":
@@ -582,12 +626,13 @@ class AcpAdapter(Adapter):
         except msgspec.ValidationError as exc:
             raise ProviderError("provider.protocol", f"unexpected {method} answer from the agent: {exc}") from None
 
-    async def _try_call(self, method: str, params: dict[str, Any]) -> None:
-        """A best-effort setting: a refusal is logged, never fatal."""
+    async def _try_call(self, method: str, params: dict[str, Any]) -> Any:
+        """A best-effort setting: a refusal is logged, never fatal. Returns the answer, or _REFUSED."""
         try:
-            await self._call(method, params)
+            return await self._call(method, params)
         except JsonRpcError as exc:
             log.warning("acp.call_refused", method=method, code=exc.code, error=exc.message)
+            return _REFUSED
 
     async def _call(self, method: str, params: dict[str, Any]) -> Any:
         """A request to the agent that fails with `provider.crashed` if the agent dies first.

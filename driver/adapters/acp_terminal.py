@@ -17,7 +17,7 @@ import itertools
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,15 @@ class TerminalError(Exception):
     """Refused or unknown terminal; the message names the problem (sent to the agent)."""
 
 
+OutputListener = Callable[[str, bytes], Awaitable[None]]
+
+
 class Terminal:
-    def __init__(self, terminal_id: str, process: anyio.abc.Process, limit: int) -> None:
+    def __init__(
+        self, terminal_id: str, process: anyio.abc.Process, limit: int, on_output: OutputListener | None = None
+    ) -> None:
         self.id = terminal_id
+        self._on_output = on_output
         self.process = process
         self.limit = limit
         self.buffer = bytearray()
@@ -56,6 +62,8 @@ class Terminal:
                 if len(self.buffer) > self.limit:
                     del self.buffer[: len(self.buffer) - self.limit]
                     self.truncated = True
+                if self._on_output is not None:
+                    await self._on_output(self.id, chunk)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             pass
         finally:
@@ -106,7 +114,11 @@ class Terminal:
 
 
 class TerminalManager:
-    def __init__(self, *, env: Mapping[str, str], default_cwd: Path) -> None:
+    def __init__(
+        self, *, env: Mapping[str, str], default_cwd: Path, on_output: OutputListener | None = None
+    ) -> None:
+        """`on_output(terminal_id, chunk)` is awaited with every chunk read (live output for events)."""
+        self._on_output = on_output
         self._env = dict(env)
         self._default_cwd = default_cwd
         self._terminals: dict[str, Terminal] = {}
@@ -138,7 +150,7 @@ class TerminalManager:
         except OSError as exc:
             raise TerminalError(f"cannot start {command!r}: {exc.strerror or type(exc).__name__}") from None
         terminal_id = f"term-{next(self._ids)}"
-        self._terminals[terminal_id] = Terminal(terminal_id, process, limit)
+        self._terminals[terminal_id] = Terminal(terminal_id, process, limit, self._on_output)
         return terminal_id
 
     def get(self, terminal_id: str) -> Terminal:

@@ -88,6 +88,10 @@ class AcpTurn:
         self.malformed_updates = 0
         self.usage: dict[str, Any] | None = None
         self.declined = False  # a permission of this turn was rejected
+        # Terminals (ours, from terminal/create) a tool call embeds: terminal id -> tool call id. Their
+        # output is the tool's output; the adapter streams it as tool.output.delta.
+        self.terminals: dict[str, str] = {}
+        self.new_terminals: list[str] = []  # linked since the adapter last looked
         # Set once a cancel was asked: a tool the agent then reports `failed` was stopped by it.
         self.cancelling = False
 
@@ -232,6 +236,9 @@ class AcpTurn:
         for item in call.content or []:
             if item.type == "diff" and item.path:
                 tool.diffs.setdefault(item.path, item.old_text is None)
+            elif item.type == "terminal" and item.terminal_id and item.terminal_id not in self.terminals:
+                self.terminals[item.terminal_id] = tool.id
+                self.new_terminals.append(item.terminal_id)
         text = _content_text(call.content)
         if text is not None and text != tool.text:
             delta = text[len(tool.text) :] if text.startswith(tool.text) else text

@@ -46,7 +46,7 @@ import anyio.lowlevel
 import pytest
 
 from driver.adapters import acp_models as m
-from driver.adapters import acp_permissions, acp_session
+from driver.adapters import acp_permissions, acp_session, acp_state
 from driver.adapters.acp import AcpAdapter
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
@@ -63,6 +63,7 @@ from driver.protocol.boot import (
     Skill,
 )
 from driver.protocol.commands import RunInput
+from driver.protocol.events import validate_payload
 from driver.testing import codex_acp
 from driver.testing.ports import (
     RecordingEvents,
@@ -873,3 +874,96 @@ async def test_image_for_an_agent_without_image_support_is_command_invalid(tmp_p
     assert info.value.code == "command.invalid" and "does not accept images" in info.value.message
     # Nothing was sent: the adapter is ready for the next run.
     assert (await h.run("[[say:next]]", "run-2")).final_message_text == "next"
+
+
+async def test_terminal_output_streams_as_tool_output(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    out = await h.run("[[term:printf 'one\\n'; sleep 0.3; printf 'two\\n'; exit 4]]")
+    assert out.final_message_text == "term exit 4"
+    [started] = h.events.of("tool.started")
+    streamed = "".join(
+        p["text"] for p in h.events.of("tool.output.delta") if p["tool_call_id"] == started["tool_call_id"]
+    )
+    assert streamed == "one\ntwo\n"
+    [done] = h.events.of("tool.completed")
+    assert done["status"] == "completed" and done["exit_code"] == 4
+
+
+def test_session_state_snapshots() -> None:
+    state = acp_state.SessionState()
+    opened = {
+        "sessionId": "s",
+        "modes": {"currentModeId": "auto", "availableModes": [{"id": "auto", "name": "Auto"}, {"id": "default"}]},
+        "configOptions": [
+            {
+                "id": "model",
+                "name": "Model",
+                "category": "model",
+                "type": "select",
+                "currentValue": "a",
+                "options": [{"value": "a", "name": "A"}, {"group": "g", "name": "G", "options": [{"value": "b"}]}],
+            },
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": False},
+        ],
+    }
+    out = state.opened(opened)
+    assert [k for k, _ in out] == ["session.mode.updated", "session.config.updated"]
+    assert out[0][1] == {
+        "current_mode_id": "auto",
+        "available_modes": [
+            {"id": "auto", "name": "Auto", "description": ""},
+            {"id": "default", "name": "", "description": ""},
+        ],
+    }
+    assert out[1][1]["options"] == [
+        {
+            "id": "model",
+            "name": "Model",
+            "category": "model",
+            "type": "select",
+            "current_value": "a",
+            "choices": ["a", "b"],
+        },
+        {"id": "fast", "name": "Fast", "category": None, "type": "boolean", "current_value": False},
+    ]
+    for kind, payload in out:
+        validate_payload(kind, payload)
+    assert state.feed({"sessionUpdate": "current_mode_update", "currentModeId": "auto"}) == []  # no change
+    assert state.mode_set("default")[0][1]["current_mode_id"] == "default"
+    commands = state.feed(
+        {
+            "sessionUpdate": "available_commands_update",
+            "availableCommands": [{"name": "review", "description": "Review changes", "input": {"hint": "branch"}}],
+        }
+    )
+    assert commands == [
+        (
+            "session.commands.updated",
+            {"commands": [{"name": "review", "description": "Review changes", "input_hint": "branch"}]},
+        )
+    ]
+    assert acp_state.set_config_params("s", "fast", True) == {
+        "sessionId": "s",
+        "configId": "fast",
+        "value": True,
+        "type": "boolean",
+    }
+    assert "type" not in acp_state.set_config_params("s", "model", "b")
+
+
+@pytest.mark.provider
+async def test_real_session_state_events(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    await h.adapter.start()
+    [mode] = h.events.of("session.mode.updated")[-1:]
+    # Under `supervised` claude-agent-acp is switched to `default`; codex-acp starts read-only.
+    assert mode["current_mode_id"] == ("default" if agent.name == "claude-agent-acp" else "read-only")
+    assert any(m["id"] == mode["current_mode_id"] for m in mode["available_modes"])
+    config = h.events.of("session.config.updated")[-1]
+    assert any(o["category"] == "model" and o["current_value"] in o["choices"] for o in config["options"])
+    if agent.name == "claude-agent-acp":
+        # Its slash commands arrive after session/new, before any turn.
+        commands = await h.events.wait_for("session.commands.updated", timeout=30)
+        assert commands["commands"] and all(c["name"] for c in commands["commands"])
+    assert "diagnostic.reported" not in h.events.kinds()

@@ -17,6 +17,7 @@ The prompt text is scripted with the same markers as the fake model endpoints, w
 for an agent that has no model:
 - no marker: reply "Hello from the stubborn agent." in chunks;
 - `[[say:TEXT]]`: reply TEXT;
+- `[[term:CMD]]`: run CMD in a terminal that a tool call embeds while it runs (live output);
 - `[[echo]]`: reply with the text blocks of the prompt, one per line, then `[type] uri` of the others;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
@@ -151,6 +152,23 @@ def shell(session_id: str, command: str) -> str:
     return f"exit {waited['result'].get('exitCode')}: {output['result']['output']}"
 
 
+def term(session_id: str, command: str) -> str:
+    """Run `command` in a client terminal that a tool call embeds while it runs (its output is live)."""
+    created = call("terminal/create", {"sessionId": session_id, "command": "sh", "args": ["-c", command]})
+    if "error" in created:
+        return "terminal error: " + error_text(created)
+    tid = created["result"]["terminalId"]
+    tool = {"toolCallId": f"term-{tid}", "title": command, "kind": "execute", "status": "in_progress"}
+    content = [{"type": "terminal", "terminalId": tid}]
+    update(session_id, {"sessionUpdate": "tool_call", **tool, "content": content})
+    waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    code = waited["result"].get("exitCode")
+    done = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "completed"}
+    update(session_id, {**done, "rawOutput": {"exit_code": code}})
+    call("terminal/release", {"sessionId": session_id, "terminalId": tid})
+    return f"term exit {code}"
+
+
 def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     session_id = params["sessionId"]
     _cancelled[session_id] = threading.Event()
@@ -191,6 +209,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
     elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
         reply = shell(session_id, m.group(1))
+    elif m := re.search(r"\[\[term:(.*?)\]\]", text, re.S):
+        reply = term(session_id, m.group(1))
     if "[[slow]]" in text:
         long = "".join(f"word{i} " for i in range(400))
         finished = stream(session_id, long, 400, 0.05)
