@@ -33,6 +33,11 @@ ACP_SCHEMA = ACP_SDK / "schema" / "v1" / "schema.json"
 # Pinned with the package version in package.json: a new schema must be looked at, not slip in.
 ACP_SDK_VERSION = "2.4.0"
 ACP_SCHEMA_SHA256 = "0d0b1ca83c4872e5473f68926a894c7a8203b59b118e2a79bfe43dd76fbcbc1a"
+# The same package's schema of unstable additions, used only for the unstable fields below, which the
+# driver sends only to an agent that advertises them (`sessionCapabilities.systemPrompt`).
+ACP_UNSTABLE_SCHEMA = ACP_SCHEMA.with_name("schema.unstable.json")
+ACP_UNSTABLE_SHA256 = "ce7881d10c854bcac4f0e7d3a9ce4fb0f612ec0a09e64b572940beec4668c189"
+ACP_UNSTABLE_FIELDS = frozenset({"systemPrompt"})
 
 
 @dataclass
@@ -77,21 +82,38 @@ def capture(monkeypatch: pytest.MonkeyPatch) -> Capture:
     return record
 
 
-def strict(schema: Any) -> Any:
-    """A copy where every object schema with `properties` refuses properties nothing evaluated."""
+def strict(schema: Any, *, root: bool = True) -> Any:
+    """A copy where every schema in a value position (the root, a property's, an array item's, a map
+    value's) refuses properties that nothing in it evaluated. Only value positions: a definition used
+    as an `allOf` member or a union branch sees just part of the object, and `unevaluatedProperties`
+    at the value position already looks through `$ref`, `allOf`, `anyOf` and `oneOf`."""
     schema = copy.deepcopy(schema)
 
+    def mark(node: Any) -> None:
+        if isinstance(node, dict) and node.get("additionalProperties") is None:
+            node.setdefault("unevaluatedProperties", False)
+
     def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("properties"), dict) and "additionalProperties" not in node:
-                node.setdefault("unevaluatedProperties", False)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
+        if isinstance(node, list):
             for value in node:
                 walk(value)
+            return
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            if key == "properties" and isinstance(value, dict):
+                for sub in value.values():
+                    mark(sub)
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                mark(value)
+            elif key == "prefixItems" and isinstance(value, list):
+                for sub in value:
+                    mark(sub)
+            walk(value)
 
     walk(schema)
+    if root:
+        mark(schema)
     return schema
 
 
@@ -147,13 +169,19 @@ def codex_check(schema_dir: Path, sent: Sent) -> list[str]:
 # ---- ACP --------------------------------------------------------------------------------------
 
 
-def acp_schema() -> dict[str, Any]:
-    version = json.loads((ACP_SDK / "package.json").read_text())["version"]
-    assert version == ACP_SDK_VERSION, f"@agentclientprotocol/sdk is {version}, pinned {ACP_SDK_VERSION}"
-    data = ACP_SCHEMA.read_bytes()
-    assert hashlib.sha256(data).hexdigest() == ACP_SCHEMA_SHA256, "the ACP schema file changed: review it, re-pin"
+def _pinned(path: Path, sha256: str) -> dict[str, Any]:
+    data = path.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == sha256, f"{path.name} changed: review it, re-pin its hash"
     schema: dict[str, Any] = json.loads(data)
     return schema
+
+
+def acp_schema(*, unstable: bool = False) -> dict[str, Any]:
+    version = json.loads((ACP_SDK / "package.json").read_text())["version"]
+    assert version == ACP_SDK_VERSION, f"@agentclientprotocol/sdk is {version}, pinned {ACP_SDK_VERSION}"
+    if unstable:
+        return _pinned(ACP_UNSTABLE_SCHEMA, ACP_UNSTABLE_SHA256)
+    return _pinned(ACP_SCHEMA, ACP_SCHEMA_SHA256)
 
 
 def acp_defs_by_method(schema: dict[str, Any], side: str, suffix: str) -> dict[str, str]:
@@ -167,7 +195,15 @@ def acp_defs_by_method(schema: dict[str, Any], side: str, suffix: str) -> dict[s
 
 
 def acp_check(schema: dict[str, Any], sent: Sent) -> list[str]:
-    """What is wrong with one message the driver sent to an ACP agent, per the pinned schema."""
+    """What is wrong with one message the driver sent to an ACP agent, per the pinned schema (the
+    unstable one for a message carrying one of ACP_UNSTABLE_FIELDS)."""
+    params = sent.body.get("params")
+    if isinstance(params, dict) and ACP_UNSTABLE_FIELDS & params.keys() and schema is not _UNSTABLE:
+        return acp_check(_UNSTABLE, sent)
+    return _acp_check(schema, sent)
+
+
+def _acp_check(schema: dict[str, Any], sent: Sent) -> list[str]:
     if sent.kind == "response":
         if "error" in sent.body:
             error = sent.body["error"]
@@ -182,8 +218,11 @@ def acp_check(schema: dict[str, Any], sent: Sent) -> list[str]:
         return [f"{sent.method} is not an ACP {sent.kind} the client may send"]
     if sent.body.get("jsonrpc") != "2.0":
         return ['missing "jsonrpc": "2.0"']
-    root = {"$schema": schema["$schema"], "$defs": strict(schema["$defs"]), "$ref": f"#/$defs/{target}"}
-    return errors(root, value)
+    wrapper = {"$schema": schema["$schema"], "$defs": strict(schema["$defs"], root=False), "$ref": f"#/$defs/{target}"}
+    return errors(strict(wrapper, root=False) | {"unevaluatedProperties": False}, value)
+
+
+_UNSTABLE = acp_schema(unstable=True) if ACP_UNSTABLE_SCHEMA.exists() else {}
 
 
 def problems(checks: Iterator[tuple[Sent, list[str]]]) -> list[str]:

@@ -35,6 +35,10 @@ Sessions it created can be loaded again with `session/load` (it advertises `load
 
 With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
 
+With `STUBBORN_RICH=1` it is a richer agent: it takes images and embedded context in prompts, and its
+sessions have modes (`ask`, `yolo`) and config options of both value types (a select `effort`, a
+boolean `fast`), which `session/set_mode` and `session/set_config_option` change.
+
 With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
 and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
 """
@@ -65,6 +69,27 @@ _sessions: set[str] = set()
 _cancelled: dict[str, threading.Event] = {}
 _session_params: dict[str, Any] = {}
 AUTH_VAR = os.environ.get("STUBBORN_AUTH_VAR")
+RICH = os.environ.get("STUBBORN_RICH") == "1"
+_config: dict[str, Any] = {"effort": "low", "fast": False}
+
+
+def session_state() -> dict[str, Any]:
+    """The `modes` and `configOptions` of a rich agent's session."""
+    if not RICH:
+        return {}
+    effort = [{"value": v, "name": v.title()} for v in ("low", "high")]
+    return {
+        "modes": {
+            "currentModeId": "ask",
+            "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "yolo", "name": "Yolo"}],
+        },
+        "configOptions": [
+            {"id": "effort", "name": "Effort", "type": "select", "currentValue": _config["effort"], "options": effort},
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": _config["fast"]},
+        ],
+    }
+
+
 _authenticated = threading.Event()
 
 
@@ -246,6 +271,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                         "loadSession": LOAD_SESSION,
                         "sessionCapabilities": {"additionalDirectories": {}},
                         "mcpCapabilities": {"http": True},
+                        "promptCapabilities": {"image": RICH, "embeddedContext": RICH},
                     },
                     "authMethods": auth_methods(),
                     "agentInfo": {"name": "stubborn", "version": "0"},
@@ -267,15 +293,20 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params
-        send({"id": rid, "result": {"sessionId": sid}})
+        send({"id": rid, "result": {"sessionId": sid, **session_state()}})
     elif method == "session/load":
         sid = params.get("sessionId", "")
         if sid.startswith("stub-"):
             _sessions.add(sid)
             _session_params[sid] = params
-            send({"id": rid, "result": {}})
+            send({"id": rid, "result": session_state()})
         else:
             send({"id": rid, "error": {"code": -32002, "message": f"session not found: {sid}"}})
+    elif method == "session/set_mode" and RICH:
+        send({"id": rid, "result": {}})
+    elif method == "session/set_config_option" and RICH:
+        _config[params["configId"]] = params["value"]
+        send({"id": rid, "result": {"configOptions": session_state()["configOptions"]}})
     elif method == "session/prompt":
         threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
     else:
