@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import anyio
 import structlog
 
-from driver.adapters import attachments, codex_requests, instructions
+from driver.adapters import attachments, codex_notices, codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -468,6 +468,11 @@ class CodexAdapter(Adapter):
     # -- notifications and server requests -----------------------------------------------------
 
     async def _on_notification(self, method: str, params: Any) -> None:
+        if method in codex_notices.NOTICES:
+            notice = codex_notices.diagnostic(method, params)
+            if notice is not None:
+                await self.ports.emit("diagnostic.reported", notice)
+            return
         turn = self._turn
         if turn is None or not turn.concerns(params):
             return

@@ -106,6 +106,9 @@ class CodexTurn:
                 return self._delta("thought", _str(params.get("itemId")), _str(params.get("delta")))
             case "item/commandExecution/outputDelta" | "item/fileChange/outputDelta":
                 return self._tool_delta(_str(params.get("itemId")), _str(params.get("delta")))
+            case "item/mcpToolCall/progress":
+                progress = _str(params.get("message"))
+                return self._tool_delta(_str(params.get("itemId")), progress + "\n" if progress else "")
             case "turn/diff/updated":
                 # The turn's whole diff so far: every file in it is reported (the adapter skips a file
                 # state it already reported from a fileChange item).

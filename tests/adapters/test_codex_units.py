@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.adapters import codex_requests
+from driver.adapters import codex_notices, codex_requests
 from driver.adapters.base import AdapterConfig, PermissionDecision
 from driver.adapters.codex import CodexAdapter
 from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
@@ -206,3 +206,31 @@ async def test_unknown_server_requests_are_refused(tmp_path: Path) -> None:
     # Every approval request goes through the permission port, the legacy v1 ones too.
     answer = await adapter._on_request("applyPatchApproval", {"callId": "c1", "fileChanges": {"a.txt": {}}})
     assert answer == {"decision": "approved"} and perms.requests[-1].title == "Edit a.txt"
+
+
+def test_session_notices_become_diagnostics() -> None:
+    assert codex_notices.diagnostic("configWarning", {"summary": "bad key", "details": "line 3"}) == {
+        "code": "provider.config",
+        "severity": "warning",
+        "message": "bad key (line 3)",
+        "details": {"codex_method": "configWarning"},
+    }
+    failed = {"name": "docs", "status": "failed", "error": "connection refused"}
+    notice = codex_notices.diagnostic("mcpServer/startupStatus/updated", failed)
+    assert notice is not None and notice["message"] == "mcp server 'docs' failed to start: connection refused"
+    assert codex_notices.diagnostic("mcpServer/startupStatus/updated", {"name": "docs", "status": "ready"}) is None
+    rerouted = {"fromModel": "a", "toModel": "b", "reason": "highRiskCyberActivity"}
+    assert "from a to b" in (codex_notices.diagnostic("model/rerouted", rerouted) or {})["message"]
+    for method in codex_notices.NOTICES:
+        payload = codex_notices.diagnostic(method, {"message": "m", "summary": "s", "name": "n", "status": "failed"})
+        assert payload is not None
+        validate_payload("diagnostic.reported", payload)
+
+
+def test_mcp_progress_is_tool_output() -> None:
+    turn = CodexTurn("run", "/w", "th")
+    call = {"type": "mcpToolCall", "id": "m1", "server": "docs", "tool": "search", "status": "inProgress"}
+    _emitted(turn, "item/started", {"item": call})
+    assert _emitted(turn, "item/mcpToolCall/progress", {"itemId": "m1", "message": "50%"}) == [
+        ("tool.output.delta", {"tool_call_id": "m1", "text": "50%\n"})
+    ]
