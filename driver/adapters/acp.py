@@ -76,6 +76,7 @@ class AcpAdapter(Adapter):
         self._session_id: str | None = None
         self._state = acp_state.SessionState()
         self._terminal_decoders: dict[str, codecs.IncrementalDecoder] = {}
+        self._cost_total = 0.0  # the session's cumulative cost (ACP usage_update) after the last turn
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
@@ -263,6 +264,7 @@ class AcpAdapter(Adapter):
     ) -> None:
         self._session_id = session_id
         self._state = acp_state.SessionState()
+        self._cost_total = 0.0
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
         await self._emit_all(self._state.opened(raw))
         await self._apply_mode(modes)
@@ -341,7 +343,7 @@ class AcpAdapter(Adapter):
         if self._turn is not None:
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
         prompt = self._prompt_blocks(run_input)  # first: an attachment it refuses changes nothing
-        turn = AcpTurn(run_id)
+        turn = AcpTurn(run_id, self._cost_total)
         self._turn = turn
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
@@ -380,6 +382,7 @@ class AcpAdapter(Adapter):
             return self._outcome(turn, stop)
         finally:
             self._turn = None
+            self._cost_total = turn.cost_total
             if turn.unknown_updates:
                 for variant, count in turn.unknown_updates.items():
                     self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count

@@ -77,8 +77,11 @@ class _Tool:
 
 
 class AcpTurn:
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, cost_before: float = 0.0) -> None:
         self.run_id = run_id
+        # ACP's `usage_update.cost` is the session's cumulative cost; a run reports its own share.
+        self._cost_before = cost_before
+        self.cost_total = cost_before
         self._seq = 0
         self._open: _Stream | None = None
         self._tools: dict[str, _Tool] = {}
@@ -271,8 +274,13 @@ class AcpTurn:
     def _usage_update(self, usage: m.UsageUpdate) -> list[Emit]:
         if usage.cost is None or usage.cost.currency.upper() != "USD":
             return []
-        self.usage = {**(self.usage or {}), "cost_usd": usage.cost.amount}
-        return [("usage.updated", {"cost_usd": usage.cost.amount})]
+        total = usage.cost.amount
+        before = self._cost_before
+        # A total below the session's earlier one: the agent started counting again (a new process).
+        run_cost = round(total - before if total >= before else total, 9)
+        self.cost_total = total
+        self.usage = {**(self.usage or {}), "cost_usd": run_cost}
+        return [("usage.updated", {"cost_usd": run_cost})]
 
 
 def _content_text(content: list[m.ToolCallContent] | None) -> str | None:

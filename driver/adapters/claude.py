@@ -92,6 +92,7 @@ class ClaudeAdapter(Adapter):
         self._pending_diagnostics: list[str] = []
         self.connect_seconds: float | None = None  # measured, for driver.started timings
         self._cwd = Path(config.session.cwd).resolve()
+        self._cost_total = 0.0  # the CLI's running cost total at the last result
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class ClaudeAdapter(Adapter):
             ) from None
         self.connect_seconds = time.monotonic() - started
         self._client = client
+        self._cost_total = 0.0  # a new CLI process counts its cost from zero
         self._session_id = session_id
 
     def _options(self, *, resume: str | None, session_id: str | None) -> Any:
@@ -368,6 +370,12 @@ class ClaudeAdapter(Adapter):
 
     async def _outcome(self, result: Any, translator: TurnTranslator) -> TurnOutcome:
         usage = usage_payload(result)
+        total = usage["cost_usd"]
+        if total is not None:
+            # Claude Code reports the session's running total; a run's usage is its own share. A total
+            # below the last one means the CLI started counting again (a new process).
+            usage["cost_usd"] = round(total - self._cost_total if total >= self._cost_total else total, 9)
+            self._cost_total = total
         await self.ports.emit("usage.updated", usage)
         common: dict[str, Any] = {
             "final_message_id": translator.final_message_id,

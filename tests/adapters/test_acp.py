@@ -967,3 +967,15 @@ async def test_real_session_state_events(agent: AgentFactory, tmp_path: Path) ->
         commands = await h.events.wait_for("session.commands.updated", timeout=30)
         assert commands["commands"] and all(c["name"] for c in commands["commands"])
     assert "diagnostic.reported" not in h.events.kinds()
+
+
+def test_cost_is_the_runs_share_of_the_sessions_total() -> None:
+    first = AcpTurn("r1")
+    cost = {"sessionUpdate": "usage_update", "used": 1, "size": 9, "cost": {"amount": 0.01, "currency": "USD"}}
+    assert first.feed(cost) == [("usage.updated", {"cost_usd": 0.01})]
+    second = AcpTurn("r2", first.cost_total)
+    later = {**cost, "cost": {"amount": 0.025, "currency": "USD"}}
+    assert second.feed(later) == [("usage.updated", {"cost_usd": 0.015})]
+    # A total below the last one: the agent counts from zero again (a restarted agent).
+    third = AcpTurn("r3", second.cost_total)
+    assert third.feed(cost) == [("usage.updated", {"cost_usd": 0.01})]

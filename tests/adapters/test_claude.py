@@ -431,3 +431,14 @@ async def test_image_attachment_reaches_the_model(harness: Harness) -> None:
     blocks = [b for m in request["messages"] for b in (m["content"] if isinstance(m["content"], list) else [])]
     images = [b for b in blocks if b.get("type") == "image"]
     assert [i["source"]["data"] for i in images] == [base64.b64encode(image).decode()]
+
+
+async def test_cost_is_reported_per_run(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    first = await _run(adapter, "run-1", "[[say:one two three]]")
+    second = await _run(adapter, "run-2", "[[say:one two three]]")
+    costs = [o.usage["cost_usd"] if o.usage else None for o in (first, second)]
+    assert all(isinstance(c, float) and c > 0 for c in costs), costs
+    # Claude Code reports a running total per session; each run's usage is that run's share.
+    assert costs[1] < 1.5 * costs[0]  # type: ignore[operator]
