@@ -442,3 +442,4 @@ async def test_cost_is_reported_per_run(harness: Harness) -> None:
     assert all(isinstance(c, float) and c > 0 for c in costs), costs
     # Claude Code reports a running total per session; each run's usage is that run's share.
     assert costs[1] < 1.5 * costs[0]  # type: ignore[operator]
+    assert [e["cost_usd"] for e in events.of("usage.updated")] == costs
