@@ -16,7 +16,6 @@ pick a mode by well-known id (see acp_session.wanted_mode; `provider_options.mod
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import os
 import shutil
@@ -29,7 +28,7 @@ import structlog
 
 from driver.adapters import acp_fs, acp_permissions, acp_session, acp_state, attachments
 from driver.adapters import acp_models as m
-from driver.adapters.acp_terminal import TerminalError, TerminalManager
+from driver.adapters.acp_terminal import TerminalError, TerminalManager, TerminalStreams
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
 from driver.adapters.base import (
     Adapter,
@@ -75,7 +74,8 @@ class AcpAdapter(Adapter):
         self._warned: set[str] = set()
         self._session_id: str | None = None
         self._state = acp_state.SessionState()
-        self._terminal_decoders: dict[str, codecs.IncrementalDecoder] = {}
+        # Terminal output as tool output; the current turn says which tool call shows which terminal.
+        self._terminal_streams = TerminalStreams(lambda: self._turn, self.ports)
         self._cost_total = 0.0  # the session's cumulative cost (ACP usage_update) after the last turn
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
@@ -158,7 +158,7 @@ class AcpAdapter(Adapter):
             on_notification=self._on_notification,
         )
         self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
-        self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_output)
+        self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output)
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._open_session()
@@ -348,7 +348,7 @@ class AcpAdapter(Adapter):
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
         self._reported_files = set()
-        self._terminal_decoders = {}
+        self._terminal_streams.reset()
         try:
             try:
                 raw = await self._prompt(prompt)
@@ -489,33 +489,8 @@ class AcpAdapter(Adapter):
         if turn is None:
             return  # late updates after the turn ended
         await self._emit_all(turn.feed(note.update))
-        await self._link_terminals(turn)
-
-    async def _link_terminals(self, turn: AcpTurn) -> None:
-        """A tool call now shows one of our terminals: what it printed so far is the tool's output, and
-        what it prints from now on streams through `_terminal_output`."""
-        linked, turn.new_terminals = turn.new_terminals, []
-        for terminal_id in linked:
-            try:
-                terminal = self._terminals.get(terminal_id) if self._terminals is not None else None
-            except TerminalError:
-                continue  # not one of ours (or already released)
-            if terminal is None:
-                continue
-            # No await between reading the buffer and linking: a chunk is either in this text or
-            # streamed by _terminal_output, never both.
-            text = terminal.output()
-            self._terminal_decoders[terminal_id] = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            if text:
-                await self.ports.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})
-
-    async def _terminal_output(self, terminal_id: str, chunk: bytes) -> None:
-        turn, decoder = self._turn, self._terminal_decoders.get(terminal_id)
-        if turn is None or decoder is None or terminal_id not in turn.terminals:
-            return
-        text = decoder.decode(chunk)
-        if text:
-            await self.ports.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})
+        if turn.new_terminals and self._terminals is not None:
+            await self._terminal_streams.link(turn, self._terminals)
 
     async def _on_request(self, method: str, params: Any) -> Any:
         if method == "session/request_permission":

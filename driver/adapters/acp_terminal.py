@@ -12,6 +12,7 @@ the `terminal/create` request that made it); `release()` and `close()` retire th
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import itertools
 import os
@@ -19,7 +20,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -114,9 +115,7 @@ class Terminal:
 
 
 class TerminalManager:
-    def __init__(
-        self, *, env: Mapping[str, str], default_cwd: Path, on_output: OutputListener | None = None
-    ) -> None:
+    def __init__(self, *, env: Mapping[str, str], default_cwd: Path, on_output: OutputListener | None = None) -> None:
         """`on_output(terminal_id, chunk)` is awaited with every chunk read (live output for events)."""
         self._on_output = on_output
         self._env = dict(env)
@@ -184,3 +183,50 @@ class TerminalManager:
 
     def process_group_ids(self) -> list[int]:
         return [t.process.pid for t in self._terminals.values() if not t.exited.is_set()]
+
+
+class _Turn(Protocol):
+    terminals: dict[str, str]  # terminal id -> the tool call id that shows it
+    new_terminals: list[str]  # linked since last looked at
+
+
+class _Events(Protocol):
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None: ...
+
+
+class TerminalStreams:
+    """A terminal's output, live, as `tool.output.delta` of the tool call that shows it (ACP tool call
+    content `{type: terminal, terminalId}`). What the terminal printed before the link is sent at
+    link time, the rest as it is read."""
+
+    def __init__(self, current_turn: Callable[[], _Turn | None], events: _Events) -> None:
+        self._turn = current_turn
+        self._events = events
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def reset(self) -> None:
+        self._decoders = {}
+
+    async def link(self, turn: _Turn, terminals: TerminalManager) -> None:
+        linked, turn.new_terminals = turn.new_terminals, []
+        for terminal_id in linked:
+            try:
+                terminal = terminals.get(terminal_id)
+            except TerminalError:
+                continue  # not one of ours (or already released)
+            # No await between reading the buffer and linking: a chunk is either in this text or
+            # streamed by output(), never both.
+            text = terminal.output()
+            self._decoders[terminal_id] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            if text:
+                await self._events.emit(
+                    "tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text}
+                )
+
+    async def output(self, terminal_id: str, chunk: bytes) -> None:
+        turn, decoder = self._turn(), self._decoders.get(terminal_id)
+        if turn is None or decoder is None or terminal_id not in turn.terminals:
+            return
+        text = decoder.decode(chunk)
+        if text:
+            await self._events.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})
