@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import anyio
 
-from driver.adapters.base import HostToolReply
+from driver.interfaces import HostToolReply
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[str | None]]
 Outcome = Literal["completed", "failed", "timed_out", "cancelled"]

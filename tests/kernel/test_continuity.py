@@ -17,7 +17,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.harness import INSTANCE, boot_payload, control_plane
+from driver.controlplane.server import ControlPlane
+from tests.integration.harness import INSTANCE, TOKEN, boot_payload, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import Driver, terminals, wait_diagnostic, wait_provider, wait_terminal
@@ -236,3 +237,67 @@ async def test_sigkill_after_a_journaled_terminal_run_and_command_agree(tmp_path
                 d2.close()
         finally:
             d1.close()
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_driver_killed_and_restarted_resumes_the_journal_ref(
+    runtime: str, tmp_path: Path, fakes: Fakes
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        d1 = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), env=FAST)
+        try:
+            assert (await turn(cp, "run-1", "Please remember the word GANNET-2291."))["status"] == "completed"
+            ref = resume_refs(cp)[-1]
+            d1.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            # A new process on the same state_dir, its boot payload naming no ref: the journal's is resumed.
+            d2 = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), name="driver2", env=FAST)
+            try:
+                assert (await turn(cp, "run-2", "Which word did I ask you to remember?"))["status"] == "completed"
+                assert "GANNET-2291" in last_model_request(fakes, runtime)
+                epoch2 = [e for e in cp.events(INSTANCE) if e["epoch"] == 2]
+                resets = [e for e in epoch2 if e["kind"] == "runtime.session.reset"]
+                if resets:
+                    assert resets[0]["payload"]["previous"] == ref
+                else:
+                    assert next(e["payload"]["value"] for e in epoch2 if e["kind"] == "runtime.resume.updated") == ref
+            finally:
+                d2.close()
+        finally:
+            d1.close()
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_new_sandbox_with_the_cp_ref_resets_and_replays(runtime: str, tmp_path: Path, fakes: Fakes) -> None:
+    """Sandbox lost (cattle): a new instance with a fresh cwd and state_dir, given the CP's last ref and
+    its recovery messages. The provider cannot resume a session whose files were in the lost sandbox:
+    reset, then replay."""
+    old, new, second = tmp_path / "old", tmp_path / "new", "drv-it.2"
+    old.mkdir()
+    new.mkdir()
+    async with ControlPlane(tmp_path / "cp.sqlite3", tokens={TOKEN: {INSTANCE, second}}) as cp:
+        d1 = Driver(old, runtimes.payload(runtime, old, cp.url, fakes), env=FAST)
+        try:
+            assert (await turn(cp, "run-1", "Please remember the word SKUA-8802."))["status"] == "completed"
+            ref = resume_refs(cp)[-1]
+        finally:
+            d1.close()
+        payload = runtimes.payload(runtime, new, cp.url, fakes)
+        payload["driver_instance_id"] = second
+        payload["execution"]["native_resume"] = {"runtime": payload["execution"]["runtime"], "value": ref}
+        payload["execution"]["recovery_messages"] = [
+            {"role": "user", "text": "Please remember the word SKUA-8802."},
+            {"role": "assistant", "text": "Noted."},
+        ]
+        d2 = Driver(new, payload, name="driver2", env=FAST)
+        try:
+            cid, _ = await cp.send_command(second, "input.start", run_id="run-2", input={"text": "Which word?"})
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
+            assert "SKUA-8802" in last_model_request(fakes, runtime)
+            resets = [e for e in cp.events(second) if e["kind"] == "runtime.session.reset"]
+            assert resets and resets[-1]["payload"]["previous"] == ref, resets
+            assert resets[-1]["payload"]["current"] != ref
+        finally:
+            d2.close()
