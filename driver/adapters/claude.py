@@ -164,6 +164,9 @@ class ClaudeAdapter(Adapter):
         if skills:
             instructions.link_skills(skills, Path(env["CLAUDE_CONFIG_DIR"]) / "skills")
         driver_text = instructions.compose(execution, config.session, own_prompt=False)
+        if skills:
+            # Claude Code lists skills by name and description only; the model also learns where they are.
+            driver_text += "\n\n" + instructions.skill_paths_paragraph(skills)
         kwargs: dict[str, Any] = {
             "cwd": config.session.cwd,
             "system_prompt": system_prompt(execution, driver_text),

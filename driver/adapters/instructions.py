@@ -127,6 +127,15 @@ def skills_paragraph(skills: Sequence[SkillInfo]) -> str:
     return "\n".join(lines)
 
 
+def skill_paths_paragraph(skills: Sequence[SkillInfo]) -> str:
+    """For a runtime that lists skills natively without their location: where each one's files are."""
+    if not skills:
+        return ""
+    lines = ["Your skills are installed here (each folder holds its SKILL.md and the files it refers to):"]
+    lines += [f"- {s.name}: {s.path}" for s in skills]
+    return "\n".join(lines)
+
+
 def compose(
     execution: ExecutionConfig, session: SessionConfig, skills: Sequence[SkillInfo] = (), *, own_prompt: bool = True
 ) -> str:

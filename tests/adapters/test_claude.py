@@ -377,10 +377,13 @@ async def test_instructions_and_skills_reach_the_model(harness: Harness) -> None
     system = json.dumps(request.get("system"))
     assert "Always answer like a ship's cook." in system
     assert "outputs/" in system and str(memory) in system  # the driver's paragraph, for a pet
-    # Skills the native way: Claude Code lists the skills of its user folder to the model.
-    whole = json.dumps(request)
+    # Skills the native way: Claude Code lists the skills of its user folder to the model (in a
+    # reminder in the conversation, not in our system prompt).
+    listed = json.dumps(request["messages"])
+    assert "skills are available for use with the Skill tool" in listed
     for name, description in skill_archives.SKILLS:
-        assert name in whole and description in whole, name
+        assert f"- {name}: {description}" in listed, name
+        assert f"- {name}: {harness.cwd / '.skills' / name}" in system  # where its files are
     links = sorted(p.name for p in (harness.state / "claude" / "claude-config" / "skills").iterdir())
     assert links == sorted(n for n, _ in skill_archives.SKILLS)
 
