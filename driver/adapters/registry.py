@@ -20,7 +20,7 @@ _STREAMS = frozenset({"text_stream", "thinking_stream", "tool_stream", "permissi
 CAPABILITIES: dict[str, frozenset[str]] = {
     "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
     "openai-app-server": _STREAMS | {"host_tools", "file_change"},
-    "acp": _STREAMS | {"host_tools", "file_change"},
+    "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
 }
 
 
