@@ -446,3 +446,21 @@ async def test_cost_is_reported_per_run(harness: Harness) -> None:
     # Claude Code reports a running total per session; each run's usage is that run's share.
     assert costs[1] < 1.5 * costs[0]  # type: ignore[operator]
     assert [e["cost_usd"] for e in events.of("usage.updated")] == costs
+
+
+async def test_subagent_permission_names_its_delegating_call(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter()
+    await adapter.start()
+    task = {
+        "description": "sub work",
+        "prompt": "\\u005b\\u005bshell:echo asked > sub.txt\\u005d\\u005d",
+        "run_in_background": False,
+    }
+    outcome = await _run(adapter, "run-1", f"[[tool:{SUBAGENT_TOOL}:{json.dumps(task)}]]", timeout=60)
+    assert outcome.status == "completed"
+    bash = [r for r in perms.requests if r.tool_name == "Bash"]
+    assert len(bash) == 1 and (harness.cwd / "sub.txt").read_text() == "asked\n"
+    [delegating] = [p for p in events.of("tool.started") if p["name"] == SUBAGENT_TOOL]
+    # The permission callback announced the subagent's call first: it already carries its parent.
+    [inner] = [p for p in events.of("tool.started") if p["tool_call_id"] == bash[0].tool_call_id]
+    assert inner["parent_tool_call_id"] == delegating["tool_call_id"]
