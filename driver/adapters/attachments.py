@@ -61,16 +61,19 @@ def _is_text(path: Path) -> bool:
     return True
 
 
-def local(cwd: Path, attachments: Iterable[Attachment]) -> list[LocalAttachment]:
-    """What each downloaded attachment is. An image too large for the model APIs is refused."""
+def local(
+    cwd: Path, attachments: Iterable[Attachment], *, max_image_bytes: int | None = MAX_IMAGE_BYTES
+) -> list[LocalAttachment]:
+    """What each downloaded attachment is. An image above `max_image_bytes` is refused (a runtime that
+    sends images inline to the model API; Codex reads and scales them itself: None)."""
     out: list[LocalAttachment] = []
     for att in attachments:
         path = cwd / "inputs" / att.name
         mime = IMAGE_TYPES.get(path.suffix.lower())
         if mime is not None:
-            if att.size > MAX_IMAGE_BYTES:
+            if max_image_bytes is not None and att.size > max_image_bytes:
                 raise AttachmentRefused(
-                    f"attachment {att.name!r}: images above {MAX_IMAGE_BYTES // (1024 * 1024)} MiB are not accepted"
+                    f"attachment {att.name!r}: images above {max_image_bytes // (1024 * 1024)} MiB are not accepted"
                 )
             out.append(LocalAttachment(att.name, path, "image", mime))
         elif _is_text(path):

@@ -337,7 +337,7 @@ class CodexAdapter(Adapter):
         # The kernel downloads attachments into cwd/inputs/ before the run and names them in the text;
         # images also go to the model as images.
         try:
-            local = attachments.local(self._cwd, run_input.attachments)
+            local = attachments.local(self._cwd, run_input.attachments, max_image_bytes=None)
         except attachments.AttachmentRefused as exc:
             raise ProviderError("command.invalid", str(exc)) from None
         images = [{"type": "localImage", "path": str(a.path)} for a in local if a.kind == "image"]
