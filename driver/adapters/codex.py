@@ -468,6 +468,13 @@ class CodexAdapter(Adapter):
     # -- notifications and server requests -----------------------------------------------------
 
     async def _on_notification(self, method: str, params: Any) -> None:
+        if method == "serverRequest/resolved":
+            # Resolved without our answer (e.g. its turn was interrupted): stop waiting for a decision.
+            # After our own answer this finds nothing to stop.
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            if self._peer is not None and isinstance(request_id, int | str):
+                self._peer.cancel_incoming(request_id)
+            return
         if method in codex_notices.NOTICES:
             notice = codex_notices.diagnostic(method, params)
             if notice is not None:
