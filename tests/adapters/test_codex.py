@@ -16,7 +16,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary
 from driver.adapters.environment import provider_env
 from driver.ports.mcp_host import McpHostServer
@@ -491,5 +491,42 @@ async def test_image_attachment_reaches_the_model(tmp_path: Path, fake: FakeResp
         request = next(r for r in reversed(fake.requests) if "look at this" in json.dumps(r))
         images = [c for i in request["input"] for c in (i.get("content") or []) if c.get("type") == "input_image"]
         assert len(images) == 1 and images[0]["image_url"].startswith("data:image/png;base64,")
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_an_approval_codex_withdraws_stops_waiting(tmp_path: Path, fake: FakeResponses) -> None:
+    class Withdrawn(ScriptedPermissions):
+        """Never decides; notes when the adapter stops waiting for it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.withdrawn = anyio.Event()
+
+        async def request(self, request: PermissionRequest) -> PermissionDecision:
+            self.requests.append(request)
+            self.pending.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.withdrawn.set()
+            raise AssertionError("unreachable")
+
+    perms = Withdrawn()
+    h = make(tmp_path, fake.base_url, perms=perms)
+    await h.adapter.start()
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+
+                async def run_shell() -> None:
+                    await h.adapter.run("run-held", RunInput(text="[[shell:touch held.txt]]"))
+
+                tg.start_soon(run_shell)
+                await perms.pending.wait()
+                await h.adapter.cancel()  # nobody decides: Codex resolves the request itself (serverRequest/resolved)
+                await perms.withdrawn.wait()
+        assert not (h.cwd / "held.txt").exists()
     finally:
         await h.adapter.stop()
