@@ -44,12 +44,13 @@ ENV AGENT_DRIVER_PROJECT_ROOT=/opt/agent-driver \
     PATH=/opt/agent-driver/venv/bin:/opt/agent-driver/node_modules/.bin:/usr/local/bin:/usr/bin:/bin \
     LANG=C.UTF-8
 
-# Kept equal to package.json by tests/image/test_files.py.
+# Kept equal to package.json and pyproject.toml by tests/image/test_files.py.
 LABEL org.opencontainers.image.title="agent-driver" \
       io.agent-driver.node="24.21.0" \
       io.agent-driver.runtime.openai-codex="0.171.0" \
       io.agent-driver.runtime.codex-acp="0.16.0" \
-      io.agent-driver.runtime.claude-agent-acp="0.101.0"
+      io.agent-driver.runtime.claude-agent-acp="0.101.0" \
+      io.agent-driver.runtime.claude-agent-sdk="0.2.189"
 
 RUN useradd --create-home --uid 10001 --user-group agent \
  && mkdir -p /workspace /run/agent-driver \

@@ -4,6 +4,7 @@ check, docs/providers.md. Fast (no build)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,13 @@ def test_labels_carry_every_pin() -> None:
     labels = dockerfile_labels()
     assert set(LABEL_OF) == set(PINS), "a new pin in package.json needs a label"
     assert {name: labels.get(label) for name, label in LABEL_OF.items()} == PINS
+
+
+def test_the_python_provider_sdk_is_pinned_and_labelled() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'"claude-agent-sdk==([0-9][^"]*)"', pyproject)
+    assert m is not None, "claude-agent-sdk must be pinned exactly in pyproject.toml"
+    assert dockerfile_labels().get("io.agent-driver.runtime.claude-agent-sdk") == m.group(1)
 
 
 def test_docs_list_the_versions_the_image_carries() -> None:
