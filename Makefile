@@ -20,9 +20,10 @@ $(STAMP_NPM): package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-# bubblewrap: codex-acp sandboxes commands with bwrap.
-$(STAMP_DEB): | $(STAMP_PY)
+# bubblewrap: codex-acp sandboxes commands with bwrap. chromium + chromium-driver: the console's browser tests.
+$(STAMP_DEB): Makefile | $(STAMP_PY)
 	command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 	touch $@
 
 run: setup
