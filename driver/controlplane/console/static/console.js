@@ -140,9 +140,9 @@ function select(instanceId) {
     streamState.textContent = "reconnecting…";
   };
   source.addEventListener("instance", (e) => showSummary(JSON.parse(e.data)));
-  source.addEventListener("commands", (e) => JSON.parse(e.data).forEach(showCommand));
-  source.addEventListener("command", (e) => showCommand(JSON.parse(e.data)));
-  source.addEventListener("stored", (e) => showEvent(JSON.parse(e.data)));
+  source.addEventListener("commands", (e) => following(() => JSON.parse(e.data).forEach(showCommand)));
+  source.addEventListener("command", (e) => following(() => showCommand(JSON.parse(e.data))));
+  source.addEventListener("stored", (e) => following(() => showEvent(JSON.parse(e.data))));
 }
 
 function showSummary(s) {
@@ -182,7 +182,14 @@ function place(row, at) {
   while (after && after.dataset.at > row.dataset.at) after = after.previousElementSibling;
   if (after) after.after(row);
   else timeline.prepend(row);
-  if (timeline.scrollHeight - timeline.scrollTop - timeline.clientHeight < 200) row.scrollIntoView({ block: "end" });
+}
+
+// Follow the newest rows while the reader is at the bottom; leave them alone after they scrolled up.
+function following(update) {
+  const timeline = document.getElementById("timeline");
+  const atBottom = timeline.scrollHeight - timeline.scrollTop - timeline.clientHeight < 80;
+  update();
+  if (atBottom) timeline.scrollTop = timeline.scrollHeight;
 }
 
 function rawDetails(event) {
@@ -208,10 +215,12 @@ function row(kind, event, cls, ...body) {
   return node;
 }
 
-function keyed(key, make, at) {
+function keyed(key, make, at, event) {
   let node = state.items.get(key);
   if (!node) {
     node = make();
+    const time = node.querySelector("time");
+    if (time && event) time.textContent = clock(event.occurred_at);
     state.items.set(key, node);
     place(node, at);
   }
@@ -241,7 +250,7 @@ function streamed(key, label, cls, event, at) {
     node.dataset.state = "streaming";
     node.dataset.deltas = "0";
     return node;
-  }, at);
+  }, at, event);
 }
 
 function message(event, p, at) {
@@ -281,7 +290,7 @@ function tool(event, p, at) {
     n.dataset.status = "running";
     n.querySelector("header").append(el("span", { class: "status", text: "running" }));
     return n;
-  }, at);
+  }, at, event);
   if (event.kind === "tool.started") {
     node.querySelector(".title").textContent = `${p.name || "tool"}${p.title ? `: ${p.title}` : ""}`;
     node.querySelector(".input").textContent = text(p.input);
@@ -310,6 +319,7 @@ function permission(event, p, at) {
     const left = el("span", { class: "time-left" });
     const node = row("permission", event, "permission", el("div", { class: "title", text: p.title || "a tool call" }), el("div", { class: "choices" }, allow, deny, left));
     node.dataset.requestId = p.request_id;
+    node.dataset.toolCallId = p.tool_call_id || "";
     node.dataset.outcome = "pending";
     const answer = async (yes) => {
       const option = chooseOption(p.options || [], yes);

@@ -1,0 +1,235 @@
+"""The web console in a real headless Chromium, against the real driver process running the real Claude
+Code CLI on the fake Anthropic endpoint, with the reference control plane as its own process.
+
+One session for the module, its steps in order (each leaves a screenshot in the pytest temporary folder):
+log in, a reply streams then settles, a permission allowed and one denied, a slow run cancelled, an
+artifact downloaded, and the link killed (driver frozen, then the control plane itself killed and
+restarted) with the timeline complete afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.controlplane.browser import ControlPlaneProcess, chromium
+from tests.integration.harness import INSTANCE, TOKEN, DriverProcess
+from tests.kernel.runtimes import Fakes, payload
+
+pytestmark = [pytest.mark.browser, pytest.mark.provider, pytest.mark.timeout(300)]
+
+WAIT_S = 90.0
+
+
+@dataclass
+class Console:
+    cp: ControlPlaneProcess
+    driver: DriverProcess
+    browser: Any
+    shots: Path
+    downloads: Path
+    cwd: Path
+
+    def shot(self, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        assert self.browser.save_screenshot(str(path))
+        return path
+
+    def wait(self, condition: Any, what: str, timeout: float = WAIT_S) -> Any:
+        from selenium.webdriver.support.wait import WebDriverWait
+
+        return WebDriverWait(self.browser, timeout, ignored_exceptions=(Exception,)).until(condition, what)
+
+    def css(self, selector: str) -> list[Any]:
+        from selenium.webdriver.common.by import By
+
+        return list(self.browser.find_elements(By.CSS_SELECTOR, selector))
+
+    def one(self, selector: str, timeout: float = WAIT_S) -> Any:
+        return self.wait(lambda _: (self.css(selector) or [None])[-1], f"an element {selector}", timeout)
+
+    def send(self, text: str) -> str:
+        """Type a message and press Enter; the run id of the input.start it queued."""
+        from selenium.webdriver.common.keys import Keys
+
+        before = len(self.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"])
+        box = self.one("#input-text")
+        box.send_keys(text)
+        box.send_keys(Keys.ENTER)
+
+        def queued(_: Any) -> str | None:
+            commands = self.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"]
+            return str(commands[-1]["body"]["run_id"]) if len(commands) > before else None
+
+        run_id = self.wait(queued, "the input.start command")
+        self.wait(lambda _: self.css(".user-input .text")[-1].text == text, "the input on the timeline")
+        return str(run_id)
+
+    def terminal(self, run_id: str) -> Any:
+        return self.one(f'.terminal[data-run-id="{run_id}"]')
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    tmp = tmp_path_factory.mktemp("console")
+    (tmp / "downloads").mkdir()
+    (tmp / "shots").mkdir()
+    with ExitStack() as stack:
+        fakes = Fakes(stack)
+        cwd = tmp / "cwd"
+        cwd.mkdir()
+        cp = ControlPlaneProcess(tmp, TOKEN, INSTANCE, cwd)
+        stack.callback(cp.kill)
+        cp.start()
+        driver = DriverProcess(tmp, payload("claude-agent-sdk", tmp, cp.url, fakes))
+        stack.callback(driver.close)
+        browser = chromium(tmp / "profile", tmp / "downloads")
+        stack.callback(browser.quit)
+        yield Console(cp, driver, browser, tmp / "shots", tmp / "downloads", cwd)
+
+
+def test_login_shows_the_instance_connected(console: Console) -> None:
+    assert "?token=" not in console.cp.console_url  # a token file was given: the URL does not carry it
+    console.browser.get(console.cp.console_url)
+    token = console.one("#token")
+    token.send_keys("not-the-token\n")
+    assert "not the console token" in console.one("p.error").text
+    console.one("#token").send_keys(console.cp.console_token_file.read_text().strip() + "\n")
+    console.one('#link-state[data-link="connected"]')
+    console.one('#stream-state[data-stream="live"]')
+    started = console.one('.ev[data-kind="driver.started"]')
+    assert "claude-agent-sdk" in started.text
+    fields = console.one("#summary-fields").text
+    assert "claude-agent-sdk" in fields and "cattle" in fields
+    console.shot("01-connected")
+
+
+def test_a_reply_streams_then_settles(console: Console) -> None:
+    run_id = console.send("Hello, console")
+    assert "run.completed" in console.terminal(run_id).text
+    completed = [e for e in console.cp.events("message.completed") if e["run_id"] == run_id]
+    reply = completed[-1]["payload"]
+    node = console.css(".message")[-1]
+    assert node.get_attribute("data-state") == "settled"
+    # Deltas were shown while it streamed (a delta after the completed message is not counted).
+    assert int(node.get_attribute("data-deltas")) >= 1
+    assert node.find_element("css selector", ".text").text == reply["text"].strip()
+    assert console.css(".user-input")[-1].get_attribute("data-status") == "completed"
+    console.shot("02-reply-settled")
+
+
+def _permission_step(console: Console, text: str, allow: bool, name: str) -> tuple[str, str]:
+    run_id = console.send(text)
+    request = console.one('.permission[data-outcome="pending"]')
+    tool_call_id = request.get_attribute("data-tool-call-id")
+    assert "s left" in request.find_element("css selector", ".time-left").text
+    console.shot(f"{name}-asked")
+    request.find_element("css selector", ".allow" if allow else ".deny").click()
+    status = "completed" if allow else "declined"
+    console.one(f'.tool[data-tool-call-id="{tool_call_id}"][data-status="{status}"]')
+    console.terminal(run_id)
+    outcome = request.get_attribute("data-outcome")
+    assert outcome == ("allowed" if allow else "rejected")
+    console.shot(f"{name}-{status}")
+    return run_id, str(tool_call_id)
+
+
+def test_an_allowed_permission_lets_the_tool_complete(console: Console) -> None:
+    _permission_step(console, "[[write:notes.txt:hello from the console]]", True, "03-permission-allow")
+    assert (console.cwd / "notes.txt").read_text() == "hello from the console"
+
+
+def test_a_denied_permission_declines_the_tool(console: Console) -> None:
+    _, tool_call_id = _permission_step(console, "[[write:denied.txt:never]]", False, "04-permission-deny")
+    assert not (console.cwd / "denied.txt").exists()
+    completed = [e for e in console.cp.events("tool.completed") if e["payload"]["tool_call_id"] == tool_call_id]
+    assert completed[-1]["payload"]["status"] == "declined"
+
+
+def test_a_slow_run_is_cancelled_with_its_phase(console: Console) -> None:
+    run_id = console.send("[[slow]] take your time")
+    console.wait(
+        lambda _: any(n.text.strip() for n in console.css('.message[data-state="streaming"] .text')),
+        "the slow reply streaming",
+    )
+    console.one("#cancel-run").click()
+    row = console.terminal(run_id)
+    assert "run.cancelled" in row.text
+    stored = [e for e in console.cp.events("run.cancelled") if e["run_id"] == run_id][-1]
+    phase = stored["payload"]["details"]["phase"]
+    assert row.get_attribute("data-phase") == phase and f"phase: {phase}" in row.text
+    assert stored["payload"]["requested_by"] == "control_plane"
+    console.shot("05-cancelled")
+
+
+def test_an_artifact_downloads_with_its_hash(console: Console) -> None:
+    run_id = console.send("[[write:outputs/report.txt:the quarterly report]]")
+    console.one('.permission[data-outcome="pending"] .allow').click()
+    console.terminal(run_id)
+    produced = [e for e in console.cp.events("artifact.produced") if e["run_id"] == run_id][-1]
+    link = console.one(f'.ev[data-event-id="{produced["event_id"]}"] a')
+    assert link.text == "outputs/report.txt"
+    link.click()
+    target = console.downloads / "report.txt"
+    console.wait(lambda _: target.is_file() and target.stat().st_size == produced["payload"]["size"], "the download")
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    assert digest == produced["payload"]["sha256"] == hashlib.sha256(b"the quarterly report").hexdigest()
+    console.shot("06-artifact")
+
+
+def test_a_killed_link_shows_disconnected_and_the_timeline_comes_back_complete(console: Console) -> None:
+    # The driver frozen: the control plane hears nothing for 3 heartbeats and closes the link (4408).
+    console.driver.signal(signal.SIGSTOP)
+    try:
+        console.one('#link-state[data-link="disconnected"]')
+        console.shot("07-link-down")
+    finally:
+        console.driver.signal(signal.SIGCONT)
+    console.one('#link-state[data-link="connected"]')
+    # Then the control plane itself dies: the driver's link and the page's stream both drop.
+    console.cp.kill()
+    console.one('#stream-state[data-stream="reconnecting"]')
+    console.shot("08-control-plane-down")
+    console.cp.start()
+    console.one('#stream-state[data-stream="live"]')
+    console.one('#link-state[data-link="connected"]')
+    run_id = console.send("[[say:back again]]")
+    assert "run.completed" in console.terminal(run_id).text
+    stored = {e["event_id"] for e in console.cp.events()}
+
+    def complete(_: Any) -> bool:
+        seen = set(console.browser.execute_script("return Array.from(window.agentConsole.seen)"))
+        return stored <= seen
+
+    console.wait(complete, "every stored event on the page")
+    state = console.browser.execute_script(
+        "return {received: window.agentConsole.received, seen: window.agentConsole.seen.size,"
+        " links: window.agentConsole.linkHistory}"
+    )
+    assert state["received"] == state["seen"]  # the resumed stream repeated nothing
+    assert state["links"][:3] == ["connected", "disconnected", "connected"]
+    console.shot("09-back-complete")
+
+
+def test_readable_at_phone_width(console: Console) -> None:
+    console.browser.set_window_size(390, 844)
+    try:
+        console.one("#input-text")
+        overflow = console.browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        widest = console.browser.execute_script(
+            "return Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right"
+            " > document.documentElement.clientWidth + 1).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+        )
+        assert overflow <= 0, widest
+        console.shot("10-phone")
+    finally:
+        console.browser.set_window_size(1280, 800)
