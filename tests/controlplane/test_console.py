@@ -52,7 +52,9 @@ def _request(
 
 async def request(cp: ControlPlane, method: str, path: str, body: bytes | None = None, **headers: str):  # type: ignore[no-untyped-def]
     assert cp.http_url is not None
-    return await asyncio.to_thread(_request, cp.http_url, method, path, body, {k.replace("_", "-"): v for k, v in headers.items()})
+    return await asyncio.to_thread(
+        _request, cp.http_url, method, path, body, {k.replace("_", "-"): v for k, v in headers.items()}
+    )
 
 
 COOKIE = f"agent_driver_console={CONSOLE_TOKEN}"
@@ -73,7 +75,9 @@ def test_console_tokens_must_fit_a_cookie() -> None:
 async def test_page_asks_for_a_login_and_the_login_sets_a_cookie(cp: ControlPlane) -> None:
     status, _, page = await request(cp, "GET", "/")
     assert status == 200 and b'action="/login"' in page and b"console.js" not in page
-    status, _, page = await request(cp, "POST", "/login", b"token=wrong-token", content_type="application/x-www-form-urlencoded")
+    status, _, page = await request(
+        cp, "POST", "/login", b"token=wrong-token", content_type="application/x-www-form-urlencoded"
+    )
     assert status == 401 and b"not the console token" in page and b"wrong-token" not in page
     status, headers, _ = await request(cp, "GET", f"/?token={CONSOLE_TOKEN}")
     assert status == 303 and headers["Location"] == "/"
@@ -138,7 +142,7 @@ async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row
         ("stored", 2, "best_effort"),
     ]
     await send(ws, batch(2, [event(3, "message.completed")]))
-    name, row, third = await next_event()
+    name, _, third = await next_event()
     assert (name, third["seq"], third["kind"]) == ("stored", 3, "message.completed")
     await cp.send_command(INSTANCE, "turn.cancel", run_id="run-1", reason="x")
     name, _, cmd = await next_event()
@@ -147,9 +151,8 @@ async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row
 
     # A browser reconnecting with Last-Event-ID gets only what it missed.
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(
-        f"GET /console/instances/{INSTANCE}/stream HTTP/1.1\r\nCookie: {COOKIE}\r\nLast-Event-ID: {second[1]}\r\n\r\n".encode()
-    )
+    resume = f"Cookie: {COOKIE}\r\nLast-Event-ID: {second[1]}"
+    writer.write(f"GET /console/instances/{INSTANCE}/stream HTTP/1.1\r\n{resume}\r\n\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     names = [(await next_event())[0] for _ in range(3)]
     assert names == ["instance", "commands", "stored"]
@@ -177,7 +180,9 @@ async def test_artifacts_are_served_only_while_their_hash_matches(cp: ControlPla
     (tmp_path / "cwd" / "outputs" / "report.txt").write_bytes(content)
     ws, _ = await handshake(cp.url)
     digest = hashlib.sha256(content).hexdigest()
-    produced = event(1, "artifact.produced", payload={"path": "outputs/report.txt", "size": len(content), "sha256": digest})
+    produced = event(
+        1, "artifact.produced", payload={"path": "outputs/report.txt", "size": len(content), "sha256": digest}
+    )
     escaping = event(2, "artifact.produced", payload={"path": "../cp.db", "size": 1, "sha256": "0" * 64})
     await send(ws, batch(1, [produced, escaping]))
     await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 2)
@@ -187,7 +192,9 @@ async def test_artifacts_are_served_only_while_their_hash_matches(cp: ControlPla
     (tmp_path / "cwd" / "outputs" / "report.txt").write_bytes(b"changed")
     status, _, body = await request(cp, "GET", url, cookie=COOKIE)
     assert status == 409 and b"changed since" in body
-    status, _, _ = await request(cp, "GET", f"/console/instances/{INSTANCE}/artifacts?event_id={escaping['event_id']}", cookie=COOKIE)
+    status, _, _ = await request(
+        cp, "GET", f"/console/instances/{INSTANCE}/artifacts?event_id={escaping['event_id']}", cookie=COOKIE
+    )
     assert status == 403
     await ws.close()
 
@@ -209,9 +216,21 @@ async def test_off_loopback_every_request_needs_the_token(tmp_path: Path) -> Non
 
 def test_a_non_loopback_host_without_a_console_token_file_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "driver.cli", "controlplane", "--db", str(tmp_path / "cp.db"),
-         "--token-file", str(tmp_path / "cp.token"), "--http-host", "0.0.0.0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "driver.cli",
+            "controlplane",
+            "--db",
+            str(tmp_path / "cp.db"),
+            "--token-file",
+            str(tmp_path / "cp.token"),
+            "--http-host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
