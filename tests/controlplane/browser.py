@@ -44,7 +44,14 @@ def chromium(profile: Path, downloads: Path, width: int = 1280, height: int = 80
     )
     browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    viewport(browser, width, height)
     return browser
+
+
+def viewport(browser: Any, width: int, height: int) -> None:
+    """Exactly this page size (a headless window's size includes its invisible frame)."""
+    metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
 
 
 class ControlPlaneProcess:

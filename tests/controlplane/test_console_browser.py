@@ -10,6 +10,7 @@ restarted) with the timeline complete afterwards.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.controlplane.browser import ControlPlaneProcess, chromium
+from tests.controlplane.browser import ControlPlaneProcess, chromium, viewport
 from tests.integration.harness import INSTANCE, TOKEN, DriverProcess
 from tests.kernel.runtimes import Fakes, payload
 
@@ -36,6 +37,7 @@ class Console:
     shots: Path
     downloads: Path
     cwd: Path
+    fakes: Fakes
 
     def shot(self, name: str) -> Path:
         path = self.shots / f"{name}.png"
@@ -88,11 +90,14 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         cp = ControlPlaneProcess(tmp, TOKEN, INSTANCE, cwd)
         stack.callback(cp.kill)
         cp.start()
-        driver = DriverProcess(tmp, payload("claude-agent-sdk", tmp, cp.url, fakes))
+        boot = payload("claude-agent-sdk", tmp, cp.url, fakes)
+        schema = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+        boot["execution"]["host_tools"] = [{"name": "lookup", "description": "A record by id", "input_schema": schema}]
+        driver = DriverProcess(tmp, boot)
         stack.callback(driver.close)
         browser = chromium(tmp / "profile", tmp / "downloads")
         stack.callback(browser.quit)
-        yield Console(cp, driver, browser, tmp / "shots", tmp / "downloads", cwd)
+        yield Console(cp, driver, browser, tmp / "shots", tmp / "downloads", cwd, fakes)
 
 
 def test_login_shows_the_instance_connected(console: Console) -> None:
@@ -184,19 +189,59 @@ def test_an_artifact_downloads_with_its_hash(console: Console) -> None:
     console.shot("06-artifact")
 
 
+def test_an_attachment_reaches_the_driver(console: Console, tmp_path: Path) -> None:
+    brief = tmp_path / "brief.txt"
+    brief.write_bytes(b"an attached brief\n")
+    console.one("#input-files").send_keys(str(brief))
+    run_id = console.send("[[say:attachment read]]")
+    assert "run.completed" in console.terminal(run_id).text
+    last = console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"][-1]
+    (attachment,) = last["body"]["input"]["attachments"]
+    assert attachment["name"] == "brief.txt"
+    assert attachment["sha256"] == hashlib.sha256(brief.read_bytes()).hexdigest()
+    assert (console.cwd / "inputs" / "brief.txt").read_bytes() == brief.read_bytes()
+    assert "attachments: brief.txt" in console.css(".user-input")[-1].text
+
+
+def test_a_host_tool_call_is_answered_from_the_json_box(console: Console) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    run_id = console.send('[[tool:mcp__host__lookup:{"id": 7}]]')
+
+    def call_or_permission(_: Any) -> Any:
+        pending = console.css('.permission[data-outcome="pending"] .allow')
+        if pending:
+            pending[-1].click()  # a supervised session asks before the MCP tool runs
+            return None
+        return (console.css('.host-tool[data-outcome="pending"]') or [None])[-1]
+
+    call = console.wait(call_or_permission, "the host tool call")
+    assert "lookup" in call.text and '"id": 7' in call.find_element("css selector", ".input").text
+    box = call.find_element("css selector", "textarea")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys('{"content": [{"type": "text", "text": "record 7 is blue"}], "is_error": false}')
+    console.shot("07-host-tool")
+    call.find_element("css selector", ".send-result").click()
+    console.one(f'.host-tool[data-call-id="{call.get_attribute("data-call-id")}"][data-answer="completed"]')
+    assert "run.completed" in console.terminal(run_id).text
+    tool = console.css(".tool")[-1]
+    assert tool.get_attribute("data-status") == "completed" and "record 7 is blue" in tool.text
+    assert "record 7 is blue" in json.dumps(console.fakes.anthropic.requests)
+
+
 def test_a_killed_link_shows_disconnected_and_the_timeline_comes_back_complete(console: Console) -> None:
     # The driver frozen: the control plane hears nothing for 3 heartbeats and closes the link (4408).
     console.driver.signal(signal.SIGSTOP)
     try:
         console.one('#link-state[data-link="disconnected"]')
-        console.shot("07-link-down")
+        console.shot("08-link-down")
     finally:
         console.driver.signal(signal.SIGCONT)
     console.one('#link-state[data-link="connected"]')
     # Then the control plane itself dies: the driver's link and the page's stream both drop.
     console.cp.kill()
     console.one('#stream-state[data-stream="reconnecting"]')
-    console.shot("08-control-plane-down")
+    console.shot("09-control-plane-down")
     console.cp.start()
     console.one('#stream-state[data-stream="live"]')
     console.one('#link-state[data-link="connected"]')
@@ -215,11 +260,11 @@ def test_a_killed_link_shows_disconnected_and_the_timeline_comes_back_complete(c
     )
     assert state["received"] == state["seen"]  # the resumed stream repeated nothing
     assert state["links"][:3] == ["connected", "disconnected", "connected"]
-    console.shot("09-back-complete")
+    console.shot("10-back-complete")
 
 
 def test_readable_at_phone_width(console: Console) -> None:
-    console.browser.set_window_size(390, 844)
+    viewport(console.browser, 390, 844)
     try:
         console.one("#input-text")
         overflow = console.browser.execute_script(
@@ -230,6 +275,6 @@ def test_readable_at_phone_width(console: Console) -> None:
             " > document.documentElement.clientWidth + 1).map(e => e.tagName + '#' + e.id + '.' + e.className)"
         )
         assert overflow <= 0, widest
-        console.shot("10-phone")
+        console.shot("11-phone")
     finally:
-        console.browser.set_window_size(1280, 800)
+        viewport(console.browser, 1280, 800)

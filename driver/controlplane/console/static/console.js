@@ -430,7 +430,7 @@ const HANDLERS = {
   "run.started": simple("run.started", "run", (p) => `${p.run_id}: ${p.input_summary || ""}`),
   "driver.started": simple("driver.started", "driver", (p) => `${p.runtime}, epoch ${p.epoch}, revision ${p.revision}`),
   "file.changed": simple("file", "file", (p) => `${p.change} ${p.path}`),
-  "usage.updated": simple("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd ?? "-"}`),
+  "usage.updated": simple("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(4)}`),
   "diagnostic.reported": simple("diagnostic", "diagnostic", (p) => `[${p.severity}] ${p.code}: ${p.message}`),
   "command.finished": simple("command finished", "command-finished", (p) => `${p.command_kind} ${p.command_id}: ${p.status}`),
   "plan.updated": simple("plan", "plan", (p) => (p.entries || []).map((e) => `${e.status}: ${e.content}`).join("\n")),
@@ -460,6 +460,11 @@ function showCommand(c) {
     place(node, c.created_at);
   }
   node.dataset.status = c.status;
+  if (c.kind === "host_tool.result") {
+    // Until the driver reports host_tool.resolved, the command's status says whether the answer arrived.
+    const call = state.items.get(`host:${c.body.call_id}`);
+    if (call) call.dataset.answer = c.status;
+  }
   const error = c.error ? ` (${c.error.code}: ${c.error.message})` : "";
   node.querySelector(".status").textContent = c.status + error;
   node.classList.toggle("done", STATUS_DONE.has(c.status));
