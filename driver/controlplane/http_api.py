@@ -1,9 +1,11 @@
-"""The control plane's local HTTP JSON API, on its own loopback port.
+"""The control plane's HTTP JSON API, on its own port (loopback unless the console guards it).
 
 It is a separate listener because the `websockets` handshake parser refuses any request with a body, so
 `process_request` cannot serve `POST`. The HTTP/1.1 handling here is deliberately minimal (one request
 per connection, `Content-Length` bodies up to 1 MiB): it serves a CLI and tests on the same machine,
-nothing else. Every route except `/api/health` needs the same bearer token as the driver link.
+nothing else. Every route except `/api/health` needs the same bearer token as the driver link, or the
+web console's token. With a console (`ControlPlane(console=...)`) the same port serves it at `/` (see
+`driver/controlplane/console/`), and may bind a non-loopback host, where every request needs that token.
 
 Routes:
     GET  /api/health

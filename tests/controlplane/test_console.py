@@ -236,3 +236,18 @@ def test_a_non_loopback_host_without_a_console_token_file_is_refused(tmp_path: P
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--console-token-file" in lines[0] and "0.0.0.0" in lines[0]
     assert not (tmp_path / "cp.db").exists()
+
+
+def test_the_page_ships_as_package_data() -> None:
+    """A non-editable install has the page only if pyproject's package-data names every static file."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["driver.controlplane.console"]
+    static = root / "driver" / "controlplane" / "console" / "static"
+    shipped = sorted(p.name for p in static.iterdir())
+    assert {"index.html", "login.html", "console.css", "console.js"} <= set(shipped)
+    for name in shipped:
+        assert any(fnmatch.fnmatch(f"static/{name}", pattern) for pattern in patterns), name
