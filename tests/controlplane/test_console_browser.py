@@ -222,8 +222,11 @@ def test_a_host_tool_call_is_answered_from_the_json_box(console: Console) -> Non
     box.send_keys('{"content": [{"type": "text", "text": "record 7 is blue"}], "is_error": false}')
     console.shot("07-host-tool")
     call.find_element("css selector", ".send-result").click()
-    console.one(f'.host-tool[data-call-id="{call.get_attribute("data-call-id")}"][data-answer="completed"]')
+    call_id = call.get_attribute("data-call-id")
+    console.one(f'.host-tool[data-call-id="{call_id}"][data-answer="completed"][data-outcome="completed"]')
     assert "run.completed" in console.terminal(run_id).text
+    resolved = [e for e in console.cp.events("host_tool.resolved") if e["payload"]["call_id"] == call_id]
+    assert [e["payload"]["outcome"] for e in resolved] == ["completed"]
     tool = console.css(".tool")[-1]
     assert tool.get_attribute("data-status") == "completed" and "record 7 is blue" in tool.text
     assert "record 7 is blue" in json.dumps(console.fakes.anthropic.requests)

@@ -209,7 +209,7 @@ function rawDetails(event) {
 }
 
 function row(kind, event, cls, ...body) {
-  const node = el("article", { class: `ev ${cls || ""}`, "data-kind": kind, "data-event-id": event ? event.event_id : null });
+  const node = el("article", { class: `ev ${cls || ""}`, "data-kind": event ? event.kind : kind, "data-event-id": event ? event.event_id : null });
   node.append(el("header", {}, el("time", { text: clock(event ? event.occurred_at : null) }), el("span", { class: "kind", text: kind })), ...body);
   if (event) node.append(rawDetails(event));
   return node;
