@@ -813,6 +813,12 @@ class DevChat:
         if cmd is None or self.phase == "stopping":
             return
         body = cmd["body"]
+        if cmd["kind"] == "session.stop":
+            self.phase = "stopping"  # its exit is then the clean end of this chat too
+            self.waiting.clear()
+            self.say("[console] session.stop: the driver is stopping")
+            self._spawn(self._stop_watchdog())
+            return
         if cmd["kind"] != "input.start":
             self.say(f"[console] {cmd['kind']}")
             return

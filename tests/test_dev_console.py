@@ -90,7 +90,9 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
         )
         await asyncio.to_thread(browser.save_screenshot, str(tmp_path / "dev-console.png"))
 
-        await type_line("/quit")
+        # Stopped from the browser: the terminal says so and ends cleanly.
+        await asyncio.to_thread(lambda: browser.find_element("css selector", "#stop-driver").click())
+        await screen.wait_for("[console] session.stop: the driver is stopping")
         await screen.wait_for("[dev] the driver stopped cleanly")
         async with asyncio.timeout(30):
             assert await proc.wait() == 0

@@ -95,6 +95,16 @@ async function loadInstances() {
     return;
   }
   const list = document.getElementById("instance-list");
+  const known = Array.from(list.querySelectorAll("button"), (b) => b.dataset.instance).join("\n");
+  if (known === data.instances.map((i) => i.instance_id).join("\n")) {
+    // Same instances: update in place, so keyboard focus stays where it is.
+    for (const inst of data.instances) {
+      const button = list.querySelector(`button[data-instance="${CSS.escape(inst.instance_id)}"]`);
+      button.dataset.link = inst.link;
+      button.querySelector(".meta").textContent = `${inst.runtime || "?"} · ${inst.link} · epoch ${inst.epoch ?? "?"}`;
+    }
+    return;
+  }
   list.replaceChildren();
   for (const inst of data.instances) {
     const button = el(
