@@ -57,6 +57,8 @@ class Console:
         return has_token(self.config.token, request.headers)
 
     def close_streams(self) -> None:
+        """At stop: end every open stream, then release the store connection (streams touch it only
+        synchronously and only while open)."""
         for stream in list(self._streams):
             stream.close()
         self.queries.close()

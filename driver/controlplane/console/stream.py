@@ -49,8 +49,11 @@ class InstanceStream:
         self.cursor = cursor
         self.writer = writer
         self.sub = cp.subscribe(instance_id)  # before the backlog is read: nothing falls in between
+        self.closed = False
 
     def close(self) -> None:
+        """End the stream; it reads the store no more (so the store connection may close right after)."""
+        self.closed = True
         self.sub.close()
 
     async def run(self) -> None:
@@ -73,6 +76,8 @@ class InstanceStream:
 
     async def _on_item(self, item: dict[str, Any]) -> None:
         kind = item.get("type")
+        if self.closed:
+            return
         if kind == "event":
             await self._flush_events()
         elif kind in ("command", "command.update"):
@@ -83,7 +88,7 @@ class InstanceStream:
             await self._send(sse("instance", self.views.summary(self.instance_id)))
 
     async def _flush_events(self) -> None:
-        while True:
+        while not self.closed:
             events = self.queries.events_after(self.instance_id, self.cursor, BATCH)
             if not events:
                 return
