@@ -251,3 +251,28 @@ def test_the_page_ships_as_package_data() -> None:
     assert {"index.html", "login.html", "console.css", "console.js"} <= set(shipped)
     for name in shipped:
         assert any(fnmatch.fnmatch(f"static/{name}", pattern) for pattern in patterns), name
+
+
+async def test_the_cli_prints_a_console_login_link_and_it_logs_in(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "driver.cli", "controlplane", "--db", str(tmp_path / "cp.db"),
+        "--token-file", str(tmp_path / "cp.token"), "--port", "0", "--http-port", "0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            while not (line := (await proc.stderr.readline()).decode()).startswith("console: "):
+                assert line, "the control plane exited before printing its console line"
+        url = line.split()[1]
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        base, _, query = url.partition("/?")
+        status, headers, _ = await asyncio.to_thread(_request, base, "GET", "/?" + query)
+        assert status == 303 and headers["Set-Cookie"].startswith("agent_driver_console=")
+        cookie = headers["Set-Cookie"].split(";")[0]
+        status, _, body = await asyncio.to_thread(_request, base, "GET", "/console/instances", None, {"Cookie": cookie})
+        assert status == 200 and json.loads(body) == {"instances": []}
+    finally:
+        proc.terminate()
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0

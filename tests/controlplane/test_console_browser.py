@@ -266,6 +266,21 @@ def test_a_killed_link_shows_disconnected_and_the_timeline_comes_back_complete(c
     console.shot("10-back-complete")
 
 
+def test_reset_session_from_the_console(console: Console) -> None:
+    before = {c["command_id"] for c in console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"]}
+    console.one("#reset-session").click()
+
+    def reset_row(_: Any) -> Any:
+        rows = [r for r in console.css(".ev.command") if r.get_attribute("data-command-id") not in before]
+        return rows[-1] if rows and rows[-1].get_attribute("data-status") == "completed" else None
+
+    row = console.wait(reset_row, "the session.reset command completed")
+    assert "session.reset" in row.text
+    command = console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"][-1]
+    assert (command["kind"], command["status"]) == ("session.reset", "completed")
+    console.shot("11-reset")
+
+
 def test_readable_at_phone_width(console: Console) -> None:
     viewport(console.browser, 390, 844)
     try:
@@ -278,6 +293,6 @@ def test_readable_at_phone_width(console: Console) -> None:
             " > document.documentElement.clientWidth + 1).map(e => e.tagName + '#' + e.id + '.' + e.className)"
         )
         assert overflow <= 0, widest
-        console.shot("11-phone")
+        console.shot("12-phone")
     finally:
         viewport(console.browser, 1280, 800)
