@@ -105,7 +105,8 @@ def test_login_shows_the_instance_connected(console: Console) -> None:
     console.browser.get(console.cp.console_url)
     token = console.one("#token")
     token.send_keys("not-the-token\n")
-    assert "not the console token" in console.one("p.error").text
+    # The answer is a new page: wait for its message (the old page's empty one may still be there).
+    console.wait(lambda _: "not the console token" in console.css("p.error")[-1].text, "the wrong-token message")
     console.one("#token").send_keys(console.cp.console_token_file.read_text().strip() + "\n")
     console.one('#link-state[data-link="connected"]')
     console.one('#stream-state[data-stream="live"]')
@@ -164,6 +165,8 @@ def test_a_slow_run_is_cancelled_with_its_phase(console: Console) -> None:
         lambda _: any(n.text.strip() for n in console.css('.message[data-state="streaming"] .text')),
         "the slow reply streaming",
     )
+    # The page knows which run is active (from its stored run.started), so Cancel names it.
+    console.wait(lambda b: b.execute_script("return window.agentConsole.activeRun") == run_id, "the active run")
     console.one("#cancel-run").click()
     row = console.terminal(run_id)
     assert "run.cancelled" in row.text
