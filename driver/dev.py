@@ -609,7 +609,7 @@ class DevChat:
         elif kind == "permission.requested":
             self.push(("permission", event["payload"]))
         elif kind == "permission.resolved":
-            self.push(("permission_settled", event["payload"].get("request_id")))
+            self.push(("permission_settled", event["payload"]))
 
     def _on_link(self, item: Mapping[str, Any]) -> None:
         self.status.connected = item.get("state") == "up"
@@ -712,7 +712,7 @@ class DevChat:
             if len(self.permissions) == 1:
                 await self._ask_permission()
         elif kind == "permission_settled":
-            await self._permission_settled(str(value))
+            await self._permission_settled(value)
         elif kind == "elsewhere":
             self._queued_elsewhere(str(value))
         elif kind == "line":
@@ -854,9 +854,15 @@ class DevChat:
         if self.permissions:
             await self._ask_permission()
 
-    async def _permission_settled(self, request_id: str) -> None:
-        """Resolved without us (timeout, cancel): stop asking about it."""
+    async def _permission_settled(self, resolved: Mapping[str, Any]) -> None:
+        """Resolved without us (timeout, cancel, the web console): stop asking about it."""
+        request_id = resolved.get("request_id")
         head = self.permissions[0].get("request_id") if self.permissions else None
+        if resolved.get("decided_by") == "control_plane" and any(
+            p.get("request_id") == request_id for p in self.permissions
+        ):
+            # Still asked here, so the answer came from elsewhere: the web console.
+            self.say(f"[permission] {resolved.get('outcome')} in the console")
         self.permissions = deque(p for p in self.permissions if p.get("request_id") != request_id)
         if head == request_id and self.permissions:
             await self._ask_permission()

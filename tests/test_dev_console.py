@@ -90,6 +90,18 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
         )
         await asyncio.to_thread(browser.save_screenshot, str(tmp_path / "dev-console.png"))
 
+        # Asked in the terminal, answered in the browser: the terminal stops asking and says so.
+        await type_line("[[write:from-dev.txt:made in step]]")
+        await screen.wait_for("[permission] the agent asks:")
+        allow = await asyncio.to_thread(
+            _wait, browser, lambda b: b.find_elements("css selector", '.permission[data-outcome="pending"] .allow')[-1],
+            "the permission in the browser",
+        )  # fmt: skip
+        await asyncio.to_thread(allow.click)
+        assert await screen.line_with("[permission] allowed in the console") == "[permission] allowed in the console"
+        assert (await screen.line_with("[status]")).endswith("completed")
+        assert (workdir / "workspace" / "from-dev.txt").read_text() == "made in step"
+
         # Stopped from the browser: the terminal says so and ends cleanly.
         await asyncio.to_thread(lambda: browser.find_element("css selector", "#stop-driver").click())
         await screen.wait_for("[console] session.stop: the driver is stopping")
