@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -284,6 +285,24 @@ def test_reset_session_from_the_console(console: Console) -> None:
     console.shot("11-reset")
 
 
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_killed_provider_counts_as_a_restart(console: Console) -> None:
+    assert console.one('dd[data-field="provider-restarts"]').text == "0"
+    (provider,) = [c for c in _children(console.driver.pid) if b"claude" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    os.kill(provider, signal.SIGKILL)
+    console.wait(lambda _: console.css('dd[data-field="provider-restarts"]')[-1].text == "1", "one provider restart")
+    assert any("provider.restarted" in row.text for row in console.css('.ev[data-kind="diagnostic.reported"]'))
+    run_id = console.send("[[say:a fresh provider]]")
+    assert "run.completed" in console.terminal(run_id).text
+    console.shot("12-provider-restarted")
+
+
 def test_readable_at_phone_width(console: Console) -> None:
     viewport(console.browser, 390, 844)
     try:
@@ -296,6 +315,6 @@ def test_readable_at_phone_width(console: Console) -> None:
             " > document.documentElement.clientWidth + 1).map(e => e.tagName + '#' + e.id + '.' + e.className)"
         )
         assert overflow <= 0, widest
-        console.shot("12-phone")
+        console.shot("13-phone")
     finally:
         viewport(console.browser, 1280, 800)

@@ -176,7 +176,10 @@ function showSummary(s) {
     ["activity", Object.keys(activity).length ? Object.entries(activity).map(([k, v]) => `${k}=${v}`).join(", ") : "-"],
   ];
   document.getElementById("summary-fields").replaceChildren(
-    ...fields.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v === null || v === undefined ? "-" : String(v) })]),
+    ...fields.flatMap(([k, v]) => [
+      el("dt", { text: k }),
+      el("dd", { "data-field": k.replace(/ /g, "-"), text: v === null || v === undefined ? "-" : String(v) }),
+    ]),
   );
   const item = document.querySelector(`#instance-list button[data-instance="${CSS.escape(s.instance_id)}"]`);
   if (item) item.dataset.link = s.link;
