@@ -15,7 +15,7 @@ setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB) $(STAMP_SYSPY)
 $(STAMP_PY): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,telemetry]'
 	touch $@
 
 # The pinned Node comes from npm too (package `node`); the check refuses a Node that a runtime's

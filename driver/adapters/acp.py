@@ -44,6 +44,7 @@ from driver.adapters.process import ProviderProcess
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
+from driver.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -396,7 +397,10 @@ class AcpAdapter(Adapter):
 
             tg.start_soon(nudge)
             try:
-                answer["result"] = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+                params: dict[str, Any] = {"sessionId": self._session_id, "prompt": prompt}
+                if traceparent := tracing.run_traceparent():
+                    params["_meta"] = {"traceparent": traceparent}  # ACP's reserved trace context key
+                answer["result"] = await self._call("session/prompt", params)
             except (JsonRpcError, ProviderError) as exc:
                 answer["error"] = exc
             tg.cancel_scope.cancel()

@@ -9,7 +9,7 @@ web console's token. With a console (`ControlPlane(console=...)`) the same port 
 
 Routes:
     GET  /api/health
-    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat, driver_url
+    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat, activity, driver_url
     POST /api/instances/{id}/commands          {"kind": ..., "command_id"?: ..., ...fields} -> {command_id, seq}
     GET  /api/instances/{id}/commands
     GET  /api/instances/{id}/events?after_seq=N&kind=K&run_id=R&limit=L&wait_ms=W
@@ -35,6 +35,7 @@ import structlog
 from driver.controlplane.console.httpio import MAX_HEAD, HttpError, Request, read_request, respond_json
 from driver.controlplane.server import sendable_close_code
 from driver.controlplane.store import CommandExists
+from driver.telemetry.activity import describe as describe_activity
 
 if TYPE_CHECKING:
     from driver.controlplane.console.routes import Console
@@ -173,12 +174,17 @@ class HttpApi:
         raise HttpError(HTTPStatus.NOT_FOUND, "not found")
 
     def _instance(self, instance_id: str) -> dict[str, Any]:
+        beat = self.cp.last_heartbeat(instance_id)
+        activity = beat.get("activity") if beat else None
         return {
             "instance_id": instance_id,
             "connected": self.cp.connected(instance_id),
             "highest_epoch": self.cp.store.highest_epoch(instance_id),
             "hello": self.cp.hello(instance_id),
-            "last_heartbeat": self.cp.last_heartbeat(instance_id),
+            "last_heartbeat": beat,
+            # The provider tree's activity from the last heartbeat (PROTOCOL §2.5), and one line of it.
+            "activity": activity,
+            "activity_line": describe_activity(activity),
             "events_stored": self.cp.store.count_events(instance_id),
             "driver_url": self.cp.url,  # what a boot payload's control.url should say (`controlplane boot`)
         }
