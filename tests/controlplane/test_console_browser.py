@@ -115,6 +115,9 @@ def test_login_shows_the_instance_connected(console: Console) -> None:
     assert "claude-agent-sdk" in started.text
     fields = console.one("#summary-fields").text
     assert "claude-agent-sdk" in fields and "cattle" in fields
+    # The driver's heartbeat activity and its own log lines (log.records) reach the page.
+    console.wait(lambda _: "provider_pid=" in console.css('dd[data-field="activity"]')[-1].text, "activity")
+    assert "driver log line" in console.one('.ev[data-kind="log.records"]').text
     console.shot("01-connected")
 
 

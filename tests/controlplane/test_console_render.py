@@ -1,6 +1,6 @@
 """How the page renders what the store holds, from hand-written frames (no provider): folded thoughts,
-a reply whose late deltas lose to its completed text, diagnostics, files, a failed run, the heartbeat's
-state and outbox, and raw JSON opened with the keyboard. In a real headless Chromium."""
+a reply whose late deltas lose to its completed text, diagnostics, files, a failed run, the driver's log lines,
+the heartbeat's state, outbox and activity, and raw JSON opened with the keyboard. In a real headless Chromium."""
 
 from __future__ import annotations
 
@@ -61,6 +61,19 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
             payload={"code": "skill.failed", "severity": "warning", "message": "skill x: bad hash", "details": {}},
         ),
         event(10, "run.failed", payload={"error": {"code": "provider.crashed", "message": "exit 9"}}),
+        event(
+            11,
+            "log.records",
+            run_id=None,
+            delivery="best_effort",
+            payload={
+                "records": [
+                    {"at": "2026-11-29T10:00:02Z", "level": "info", "logger": "agent_driver.link", "message": "up"},
+                    {"at": "2026-11-29T10:00:03Z", "level": "warning", "logger": "agent_driver", "message": "slow"},
+                ],
+                "dropped": 4,
+            },
+        ),
     ]
     await send(ws, batch(1, events))
     beat = {
@@ -69,8 +82,9 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
         "state": "running",
         "run_id": run,
         "outbox": {"lossless_pending": 3, "best_effort_dropped": 17},
+        "activity": {"provider_pid": 812, "provider_rss_mb": 412.5, "tool_call_id": None},
     }
-    await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 10)
+    await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 11)
     await send(ws, beat)
     await cp.wait_until(lambda: cp.last_heartbeat(INSTANCE) is not None)
     assert cp.http_url is not None
@@ -83,8 +97,8 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
         try:
             browser.get(url)
             fields = _until(
-                browser, lambda b: "17" in b.find_element("css selector", "#summary-fields").text and
-                b.find_element("css selector", "#summary-fields").text, "the heartbeat's outbox"
+                browser, lambda b: "412.5" in b.find_element("css selector", "#summary-fields").text and
+                b.find_element("css selector", "#summary-fields").text, "the heartbeat's activity"
             )  # fmt: skip
             failed = _one(browser, ".terminal.run-failed")
             thought = _one(browser, "details.thought")
@@ -113,6 +127,7 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
                 "raw": json.loads(raw_json),
                 "file": _one(browser, '.ev[data-kind="file.changed"]').text,
                 "diagnostic": _one(browser, '.ev[data-kind="diagnostic.reported"]').text,
+                "log": _one(browser, '.ev[data-kind="log.records"]').get_attribute("textContent"),
                 "shot": browser.save_screenshot(str(tmp_path / "render.png")),
             }
         finally:
@@ -132,6 +147,8 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
     }
     assert "modified src/app.py" in seen["file"]
     assert "[warning] skill.failed: skill x: bad hash" in seen["diagnostic"]
-    for shown in ("running", "run-1", "3", "17"):
+    assert "2 driver log line(s), 4 dropped before them" in seen["log"]
+    assert "warning agent_driver: slow" in seen["log"]
+    for shown in ("running", "run-1", "3", "17", "provider_pid=812, provider_rss_mb=412.5"):
         assert shown in seen["fields"]
     assert seen["shot"]

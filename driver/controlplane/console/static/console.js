@@ -162,7 +162,8 @@ function showSummary(s) {
   link.textContent = s.link;
   if (state.linkHistory[state.linkHistory.length - 1] !== s.link) state.linkHistory.push(s.link);
   const outbox = s.outbox || {};
-  const activity = s.activity || {};
+  // Fields that do not apply are null (PROTOCOL §2.5): show the rest.
+  const activity = Object.fromEntries(Object.entries(s.activity || {}).filter(([, v]) => v !== null));
   const fields = [
     ["runtime", s.runtime],
     ["session", s.session_kind],
@@ -416,7 +417,8 @@ function artifact(event, p, at) {
 
 function logRecords(event, p, at) {
   const lines = (p.records || []).map((r) => `${clock(r.at)} ${r.level} ${r.logger}: ${r.message}${r.fields && Object.keys(r.fields).length ? " " + JSON.stringify(r.fields) : ""}`);
-  place(row("log", event, "log", el("details", {}, el("summary", { text: `${lines.length} driver log line(s)` }), el("pre", { text: lines.join("\n") }))), at);
+  const dropped = p.dropped ? `, ${p.dropped} dropped before them` : "";
+  place(row("log", event, "log", el("details", {}, el("summary", { text: `${lines.length} driver log line(s)${dropped}` }), el("pre", { text: lines.join("\n") }))), at);
 }
 
 const simple = (label, cls, describe) => (event, p, at) => place(row(label, event, cls, el("div", { class: "detail", text: describe(p, event) })), at);
