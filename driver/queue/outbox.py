@@ -360,6 +360,7 @@ class Outbox:
         new = shrink_event(body, limit) if body is not None else None
         if new is None:
             self._remove(entry, "rejected")
+            self.journal.delete([entry.seq])  # before it is reported, as for a CP's final rejection
             self.stats.final_rejections += 1
             message = f"the event is {entry.size} bytes and cannot be cut to {limit}"
             rejection = Rejection(entry.event_id, "event.too_large", message, False)
@@ -379,6 +380,7 @@ class Outbox:
             return []
         entry = self._entries[min(self._entries)]
         self._remove(entry, "rejected")
+        self.journal.delete([entry.seq])  # before it is reported, as for a CP's final rejection
         self.stats.final_rejections += 1
         return [
             FinalRejection(entry.event_id, entry.kind, entry.run_id, Rejection(entry.event_id, code, message, False))
@@ -411,6 +413,9 @@ class Outbox:
                 self._remove(entry, "rejected")
                 self.stats.final_rejections += 1
                 finals.append(FinalRejection(entry.event_id, entry.kind, entry.run_id, rej))
+                # Gone from disk before it is reported: a crash right after the report must not make
+                # the next process resend it and report the same final rejection again (rare path).
+                self.journal.delete([entry.seq])
             elif entry.state == IN_FLIGHT:
                 self._wait_retry(entry)
         # Events of this batch in neither list were not stored: resend after a backoff.
