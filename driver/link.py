@@ -52,6 +52,15 @@ def check_transport(control: ControlConfig) -> None:
         raise TransportRefused("control.url must not carry credentials (the token goes in a header)")
     if parts.scheme == "ws" and not control.insecure_transport and not _is_loopback(parts.hostname):
         raise TransportRefused("control.url uses ws:// to a non-loopback host (set insecure_transport to allow)")
+    if parts.scheme == "wss" and control.ca_file:
+        # Loaded once here so a missing or unparsable file is a configuration error (exit 78), not a
+        # dial failure retried forever.
+        try:
+            ssl_context(control)
+        except OSError as exc:
+            raise TransportRefused(f"control.ca_file cannot be read ({exc.strerror or 'unreadable'})") from None
+        except ssl.SSLError:
+            raise TransportRefused("control.ca_file holds no usable PEM certificate") from None
 
 
 def _is_loopback(host: str) -> bool:
