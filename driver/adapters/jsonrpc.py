@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+INVALID_REQUEST = -32600
 REQUEST_CANCELLED = -32800
 CANCEL_METHOD = "$/cancel_request"
 
@@ -89,6 +90,7 @@ class JsonRpcPeer:
         # Why the peer closed: None while open; "eof" on a clean end; a message after a violation.
         self.close_reason: str | None = None
         self.invalid_lines = 0
+        self.unknown_responses = 0
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -190,7 +192,7 @@ class JsonRpcPeer:
     async def _dispatch_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
         try:
             message = _decoder.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested ~1000 levels deep
             message = None
         if not isinstance(message, dict):
             self.invalid_lines += 1
@@ -211,9 +213,13 @@ class JsonRpcPeer:
             log.warning("jsonrpc.unroutable", peer=self.name, head=line[:200])
 
     def _resolve(self, message: dict[str, Any]) -> None:
-        pending = self._pending.get(message["id"])
+        # Our ids are ints: an id of any other JSON type (object, array, float, bool, null) answers
+        # nothing of ours, and an object or array is not even hashable.
+        rid = message["id"]
+        pending = self._pending.get(rid) if _usable_id(rid) else None
         if pending is None or pending.done.is_set():
-            log.warning("jsonrpc.unknown_response", peer=self.name, id=message["id"])
+            self.unknown_responses += 1
+            log.warning("jsonrpc.unknown_response", peer=self.name, id_type=type(rid).__name__)
             return
         error = message.get("error")
         if error is not None:
@@ -248,9 +254,12 @@ class JsonRpcPeer:
                 scope.cancel()
 
     def _start_handler(self, request_id: Any, method: str, params: Any, tg: anyio.abc.TaskGroup) -> None:
-        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+        if not _usable_id(request_id):
+            # JSON-RPC 2.0 §5: a request whose id cannot be echoed is answered Invalid Request, id null.
             self.invalid_lines += 1
-            log.warning("jsonrpc.bad_request_id", peer=self.name, method=method)
+            log.warning("jsonrpc.bad_request_id", peer=self.name, id_type=type(request_id).__name__)
+            error = {"code": INVALID_REQUEST, "message": "invalid request id (a string or an integer is required)"}
+            tg.start_soon(self._reply_quietly, self._envelope() | {"id": None, "error": error})
             return
         scope = anyio.CancelScope()
         self._incoming[request_id] = scope
@@ -277,7 +286,18 @@ class JsonRpcPeer:
         except PeerClosed:
             log.debug("jsonrpc.reply_dropped", peer=self.name, method=method)
 
+    async def _reply_quietly(self, message: dict[str, Any]) -> None:
+        try:
+            await self._send(message)
+        except PeerClosed:
+            log.debug("jsonrpc.reply_dropped", peer=self.name)
+
     async def _call_handler(self, method: str, params: Any) -> Any:
         if self._on_request is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method}")
         return await self._on_request(method, params)
+
+
+def _usable_id(value: Any) -> bool:
+    """A request id we can key on and echo: a string, or an integer (not a bool)."""
+    return isinstance(value, int | str) and not isinstance(value, bool)
