@@ -75,7 +75,8 @@ def _unpack(archive: Path, target: Path) -> None:
 async def install(skill: Skill, cwd: Path) -> InstalledSkill:
     target = _target(cwd, skill.mount_path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    archive = target.parent / f".{target.name}.zip"
+    # Resolved: the download walks its directory without following symlinks (fetch_to).
+    archive = target.parent.resolve() / f".{target.name}.zip"
     try:
         await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES)
         await anyio.to_thread.run_sync(_unpack, archive, target)
