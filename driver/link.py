@@ -192,8 +192,11 @@ class Link:
             if code == 1005:  # "no status received": treat like an abnormal end
                 code = 1006
         reaction = self.core.closed(code, self._clock())
+        # The code we sent, when we closed first (1009 for a frame over 4 MiB, 4400, 4408): a CP that
+        # never answers the close frame leaves `code` at 1006, and the log must still say why.
+        sent = ws.protocol.close_sent.code if ws.protocol.close_sent is not None else None
         # Outbox statistics at every link change: what is waiting, how old, how often retried, drops.
-        log.info("link.closed", code=code, reaction=reaction.reason, outbox=self._outbox.describe())
+        log.info("link.closed", code=code, sent=sent, reaction=reaction.reason, outbox=self._outbox.describe())
         return reaction
 
     async def _handle(self, ws: ClientConnection, data: bytes, tg: anyio.abc.TaskGroup) -> None:
