@@ -211,18 +211,27 @@ class Journal:
         update_frame: bytes | None,
         kind: str | None = None,
     ) -> None:
+        self.save_commands([StoredCommand(command_id, seq, fingerprint, status, update_frame, kind)])
+
+    def save_commands(self, commands: list[StoredCommand]) -> None:
+        """Save statuses in ONE transaction (one fsync: the group commit of `CommandSaver`)."""
+        if not commands:
+            return
         with self._lock:
+            first = self._counter + 1
             with self._tx():
-                self._counter += 1
-                self._db.execute(
-                    "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
-                    "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET status = excluded.status, "
-                    "update_frame = excluded.update_frame, touched = excluded.touched, "
-                    "kind = coalesce(excluded.kind, commands.kind)",
-                    (command_id, seq, fingerprint, status, update_frame, self._counter, kind),
-                )
+                for c in commands:
+                    self._counter += 1
+                    self._db.execute(
+                        "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
+                        "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET "
+                        "status = excluded.status, update_frame = excluded.update_frame, "
+                        "touched = excluded.touched, kind = coalesce(excluded.kind, commands.kind)",
+                        (c.command_id, c.seq, c.fingerprint, c.status, c.update_frame, self._counter, c.kind),
+                    )
                 self._set_meta("touch_counter", self._counter)
-                prune = self._counter % 256 == 0
+                # Every 256 saves (once per batch that crosses a multiple of 256).
+                prune = self._counter // 256 > (first - 1) // 256
                 if prune:
                     # Only rows inside the contiguous terminal prefix are pruned, and the highest pruned
                     # seq is remembered: `last_command_seq` then knows a missing row below it was pruned,
@@ -236,9 +245,10 @@ class Journal:
                         pruned = max(int(top), self._meta("commands_pruned_through", 0))
                         self._set_meta("commands_pruned_through", pruned)
             # Committed: now the mirror (under the same lock, so it follows the database's order).
-            self._commands.put(StoredCommand(command_id, seq, fingerprint, status, update_frame, kind), self._counter)
+            for touched, c in enumerate(commands, start=first):
+                self._commands.put(c, touched)
             if prune:
-                # The command just saved may be pruned too, so the mirror prunes after the put.
+                # The commands just saved may be pruned too, so the mirror prunes after the puts.
                 top_gone = self._commands.prune(*args)
                 if top_gone is not None:
                     self._commands.pruned_through = max(top_gone, self._commands.pruned_through)
