@@ -157,8 +157,8 @@ async def flood(tmp_path: Any, drivers: Drivers, count: int, seconds: float) -> 
         }
         print("flood figures:", json.dumps({k: round(v, 3) for k, v in figures.items()}))
         assert growth_mib < RSS_BOUND_MIB, figures
-        # 2x, with 25 ms for timer and scheduling noise on a shared 2-core machine (the baseline is ~12 ms).
-        assert ttft <= max(2 * baseline, baseline + 0.025), figures
+        # 2x, with 50 ms for timer and scheduling noise on a shared 2-core machine (the baseline is ~12 ms).
+        assert ttft <= max(2 * baseline, baseline + 0.05), figures
         return figures
 
 
