@@ -343,8 +343,10 @@ class Status:
     last_run: str | None = None
     last_terminal: str | None = None
     heartbeat_at: float | None = None  # time.monotonic() when the last heartbeat arrived
+    activity: Mapping[str, Any] | None = None  # the last heartbeat's `activity` (the provider tree)
 
     def heartbeat(self, beat: Mapping[str, Any], now: float) -> None:
+        self.activity = beat.get("activity")
         outbox = beat.get("outbox") or {}
         self.lossless_pending = outbox.get("lossless_pending")
         self.best_effort_dropped = outbox.get("best_effort_dropped")
@@ -361,6 +363,11 @@ class Status:
             )
         run = "none yet" if self.last_run is None else f"{self.last_run} {self.last_terminal or 'running'}"
         return f"[status] link {link} | outbox {outbox} | last run {run}"
+
+    def activity_line(self) -> str:
+        from driver.telemetry.activity import describe
+
+        return f"[activity] {describe(self.activity)}"
 
 
 class Transcript:
@@ -772,6 +779,7 @@ class DevChat:
         command = text.strip()
         if command == "/status":
             self.say(self.status.line(time.monotonic()))
+            self.say(self.status.activity_line())
         elif command == "/help":
             self.say(HELP)
         elif command in ("/quit", "/exit"):

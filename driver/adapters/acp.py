@@ -45,6 +45,7 @@ from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
+from driver.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -113,7 +114,14 @@ class AcpAdapter(Adapter):
 
     def _env(self) -> dict[str, str]:
         acp = self.config.execution.acp
-        return {**self.config.env, **(acp.env if acp else {})}
+        env = {**self.config.env, **(acp.env if acp else {})}
+        # The pinned runtimes' bin dir (with the pinned `node`) goes first, so an agent script's
+        # `#!/usr/bin/env node`, and any node it starts, runs on the Node whose version was checked
+        # against its `engines`, not on whatever Node the machine has.
+        pinned = self.config.project_root / "node_modules" / ".bin"
+        if pinned.is_dir():
+            env["PATH"] = os.pathsep.join([str(pinned), env.get("PATH", os.defpath)])
+        return env
 
     def _argv(self, env: dict[str, str]) -> list[str]:
         acp = self.config.execution.acp
@@ -125,10 +133,7 @@ class AcpAdapter(Adapter):
             # A relative path is relative to the project (where node_modules lives), not to cwd.
             argv[0] = str(Path(exe) if os.path.isabs(exe) else self.config.project_root / exe)
         else:
-            search = os.pathsep.join(
-                [env.get("PATH", os.defpath), str(self.config.project_root / "node_modules" / ".bin")]
-            )
-            found = shutil.which(exe, path=search)
+            found = shutil.which(exe, path=env.get("PATH", os.defpath))
             if found is None:
                 raise ProviderError("provider.missing", f"acp agent executable not found: {exe}")
             argv[0] = found
@@ -394,7 +399,10 @@ class AcpAdapter(Adapter):
 
             tg.start_soon(nudge)
             try:
-                answer["result"] = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+                params: dict[str, Any] = {"sessionId": self._session_id, "prompt": prompt}
+                if traceparent := tracing.run_traceparent():
+                    params["_meta"] = {"traceparent": traceparent}  # ACP's reserved trace context key
+                answer["result"] = await self._call("session/prompt", params)
             except (JsonRpcError, ProviderError) as exc:
                 answer["error"] = exc
             tg.cancel_scope.cancel()

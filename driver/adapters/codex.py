@@ -47,6 +47,7 @@ from driver.adapters.process import ProviderProcess
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
+from driver.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +125,13 @@ class CodexAdapter(Adapter):
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
         try:
             settings = settings_from(self.config.execution)
-            text, extra_env = render_config(settings, self.config.execution.mcp_servers, host_mcp_url)
+            text, extra_env = render_config(
+                settings,
+                self.config.execution.mcp_servers,
+                host_mcp_url,
+                # Set by the kernel when the boot payload names a collector (driver.telemetry.room).
+                otlp_endpoint=self.config.env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            )
         except CodexConfigError as exc:
             raise ProviderError("provider.config", str(exc)) from None
         if settings.base_url is not None and settings.env_key not in self.config.env:
@@ -296,13 +303,13 @@ class CodexAdapter(Adapter):
 
     # -- requests to Codex ---------------------------------------------------------------------
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+    async def _call(self, method: str, params: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
         """A request that fails with `provider.crashed` if Codex dies before answering."""
         peer, proc = self._peer, self._proc
         if peer is None or proc is None:
             raise ProviderError("provider.not_started", "codex is not running")
         try:
-            return await peer.request(method, params)
+            return await peer.request(method, params, extra=extra)
         except PeerClosed:
             raise await self._crashed(f"codex exited during {method}") from None
 
@@ -360,8 +367,12 @@ class CodexAdapter(Adapter):
                 tg.start_soon(self._interrupt_when_asked, turn)
                 tg.start_soon(self._watch_exit, peer, proc, ended)
                 try:
+                    # The run's trace context rides on the request (Codex's JSON-RPC `trace` field).
+                    traceparent = tracing.run_traceparent()
                     result = await self._call(
-                        "turn/start", {"threadId": self._thread_id, "input": self._input_items(run_input)}
+                        "turn/start",
+                        {"threadId": self._thread_id, "input": self._input_items(run_input)},
+                        {"trace": {"traceparent": traceparent}} if traceparent else None,
                     )
                     started = result.get("turn") if isinstance(result, dict) else None
                     if turn.turn_id is None and isinstance(started, dict) and isinstance(started.get("id"), str):

@@ -197,6 +197,26 @@ class HostToolResolved(_P):
     outcome: Literal["completed", "failed", "timed_out", "cancelled"]
 
 
+class TimingRecorded(_P):
+    phase: Literal["hello", "provider.spawn", "provider.ready", "session.open", "session.resume", "first_token"]
+    ms: float
+    mode: Literal["cold", "warm", "resume"]
+    run_id: str | None = None
+
+
+class LogRecord(msgspec.Struct, kw_only=True):
+    at: str
+    level: str
+    logger: str
+    message: str
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class LogRecords(_P):
+    records: list[LogRecord]
+    dropped: int = 0  # lines not sent since the previous batch (held-buffer overflow, rate limit)
+
+
 class EventKind(msgspec.Struct, frozen=True):
     payload: type[msgspec.Struct]
     delivery: Delivery
@@ -235,6 +255,8 @@ EVENT_KINDS: dict[str, EventKind] = {
     "diagnostic.reported": _k(DiagnosticReported, run_scoped=False),
     "command.finished": _k(CommandFinished, run_scoped=False),
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
+    "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
+    "log.records": _k(LogRecords, "best_effort", run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

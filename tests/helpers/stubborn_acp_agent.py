@@ -33,6 +33,11 @@ for an agent that has no model:
   reply "unknown: CODE" with the error code the client answered;
 - `[[huge-line]]`: write one 100 MiB line (the client must give up on it, not buffer it);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
+- `[[compute:SECONDS]]`: announce a tool call, then compute (one core, busy) for SECONDS without a
+  word on the wire, then complete the call and reply "computed" (a silent tool that works);
+- `[[grow:MB]]`: allocate MB megabytes (written, so resident) and keep them for the process's life;
+- `[[env:NAME]]`: reply with the value of the environment variable NAME (or "unset");
+- `[[meta]]`: reply with the JSON of the prompt request's `_meta` (trace context rides there).
 Sessions it created can be loaded again with `session/load` (it advertises `loadSession`, unless
 `STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
 
@@ -139,6 +144,22 @@ def permission(session_id: str, announce: bool) -> str:
     return "permission cancelled"
 
 
+_hoard: list[bytes] = []
+
+
+def compute(session_id: str, seconds: float) -> str:
+    tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
+    tool = {"toolCallId": tool_call_id, "title": "Compute", "kind": "execute", "status": "in_progress"}
+    update(session_id, {"sessionUpdate": "tool_call", **tool})
+    deadline = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < deadline:
+        for i in range(10_000):
+            x ^= i * i
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": "completed"})
+    return "computed"
+
+
 def error_text(reply: dict[str, Any]) -> str:
     err = reply["error"]
     return f"{err.get('code')} {err.get('message')}"
@@ -209,7 +230,16 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     if "[[think]]" in text:
         chunk(session_id, "Thinking about it.", "agent_thought_chunk")
     reply = "Hello from the stubborn agent."
-    if "[[session]]" in text:
+    if m := re.search(r"\[\[compute:([0-9.]+)\]\]", text):
+        reply = compute(session_id, float(m.group(1)))
+    elif m := re.search(r"\[\[grow:([0-9]+)\]\]", text):
+        _hoard.append(b"\x01" * (int(m.group(1)) * 1024 * 1024))
+        reply = f"holding {sum(len(b) for b in _hoard) // (1024 * 1024)} MB"
+    elif m := re.search(r"\[\[env:(\w+)\]\]", text):
+        reply = os.environ.get(m.group(1), "unset")
+    elif "[[meta]]" in text:
+        reply = json.dumps(params.get("_meta"), sort_keys=True)
+    elif "[[session]]" in text:
         reply = json.dumps(_session_params.get(session_id), sort_keys=True)
     elif "[[echo]]" in text:
         reply = "\n".join(texts(params))
