@@ -127,6 +127,8 @@ def parse_payload(data: bytes) -> BootPayload:
         raise BootError(f"boot: invalid payload: {_describe(exc)}") from None
     except msgspec.DecodeError as exc:
         raise BootError(f"boot: payload is not valid JSON: {_describe(exc)}") from None
+    except RecursionError:
+        raise BootError("boot: invalid payload: JSON nested too deeply") from None
 
 
 # msgspec's messages that carry no value from the input: the expectation comes from the schema.

@@ -271,3 +271,22 @@ def test_unreadable_ca_file_exits_78(tmp_path: Path) -> None:
     proc = run_driver(f)
     assert proc.returncode == 78, proc.stderr
     assert "control.ca_file" in proc.stderr
+
+
+def test_deeply_nested_payload_is_a_clear_error(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["execution"]["provider_options"] = {"x": "DEEP"}
+    text = json.dumps(p).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    f = write(tmp_path / "boot.json", text)
+    with pytest.raises(BootError, match="nested") as info:
+        read_boot_payload(str(f))
+    assert info.value.exit_code == 78
+
+
+@pytest.mark.parametrize("field", ["host_tool_timeout_ms", "permission_timeout_ms"])
+def test_millisecond_fields_beyond_64_bits_are_refused(tmp_path: Path, field: str) -> None:
+    p = payload(tmp_path)
+    p["execution"][field] = 2**70
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError, match=field):
+        read_boot_payload(str(f))

@@ -100,7 +100,7 @@ class ExecutionConfig(_Strict):
     acp: AcpConfig | None = None
     native_resume: NativeResume | None = None
     recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
-    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] = 600_000
+    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 600_000
     limits: Limits = msgspec.field(default_factory=Limits)
 
 
