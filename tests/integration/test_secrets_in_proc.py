@@ -1,7 +1,7 @@
 """No secret in any process's argv, and the control token in no process's environment either
 (issue 11): the real driver runs the real Claude CLI with an authenticated HTTP MCP server, a stdio MCP
 server with a secret in its `env`, a provider key and the control token, and every process of its tree
-is read through /proc while an MCP tool call is in progress."""
+is read through /proc while an MCP tool call is in progress. The same with Codex app-server."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ import pytest
 from driver.interfaces import HostToolReply
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import HostTool
-from driver.testing.fake_anthropic import FakeAnthropic
-from tests.integration.harness import INSTANCE, ROOT, TOKEN, DriverProcess, boot_payload, control_plane
+from tests.integration.harness import INSTANCE, ROOT, TOKEN, DriverProcess, control_plane
+from tests.kernel.runtimes import Fakes
+from tests.kernel.runtimes import payload as runtime_payload
 
 PROVIDER_KEY = "sk-ant-PROVIDER-KEY-0123456789"
 STDIO_SECRET = "stdio-env-SECRET-4711"
@@ -64,14 +66,24 @@ def read_proc(pid: int, name: str) -> bytes:
         return b""  # exited meanwhile
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    with ExitStack() as stack:
+        yield Fakes(stack)
+
+
+# The runtimes whose fake model can make them call an MCP tool. (codex-acp is not here: it did not call
+# the HTTP MCP server's tool from the same marker within 60 s; not investigated yet.)
+TOOL_CALL = {
+    "claude-agent-sdk": '[[tool:mcp__docs__search_docs:{"q": "x"}]]',
+    "openai-app-server": '[[mcp:docs:search_docs:{"q": "x"}]]',
+}
+PROVIDER_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "FAKE_OPENAI_API_KEY")
 
 
 @pytest.mark.provider
-async def test_no_secret_in_argv_and_no_token_in_any_environment(tmp_path: Path, fake: FakeAnthropic) -> None:
+@pytest.mark.parametrize("runtime", sorted(TOOL_CALL))
+async def test_no_secret_in_argv_and_no_token_in_any_environment(tmp_path: Path, fakes: Fakes, runtime: str) -> None:
     held = HeldTool()
     docs = McpHostServer([HostTool(name="search_docs", description="Search the docs")], held)
     await docs.start()
@@ -79,37 +91,31 @@ async def test_no_secret_in_argv_and_no_token_in_any_environment(tmp_path: Path,
     driver: DriverProcess | None = None
     try:
         async with control_plane(tmp_path) as cp:
-            payload = boot_payload(tmp_path, cp.url)
-            payload["execution"] = {
-                "revision": "rev-secrets",
-                "runtime": "claude-agent-sdk",
-                "model": "claude-sonnet-4-5",
-                "permission_policy": "full_access",
-                "environment": {
-                    "ANTHROPIC_BASE_URL": fake.base_url,
-                    "ANTHROPIC_API_KEY": PROVIDER_KEY,
-                    "DOCS_AUTH": header_value,
+            payload = runtime_payload(runtime, tmp_path, cp.url, fakes)
+            execution = payload["execution"]
+            execution["permission_policy"] = "full_access"
+            env = execution["environment"]
+            for key in PROVIDER_KEYS:
+                if key in env:
+                    env[key] = PROVIDER_KEY
+            env["DOCS_AUTH"] = header_value
+            execution["mcp_servers"] = [
+                {
+                    "name": "docs",
+                    "transport": "http",
+                    "url": docs.url,
+                    "headers_from_env": {"Authorization": "DOCS_AUTH"},
                 },
-                "mcp_servers": [
-                    {
-                        "name": "docs",
-                        "transport": "http",
-                        "url": docs.url,
-                        "headers_from_env": {"Authorization": "DOCS_AUTH"},
-                    },
-                    {
-                        "name": "envsrv",
-                        "transport": "stdio",
-                        "command": [sys.executable, str(ROOT / "tests" / "helpers" / "env_mcp_server.py"), "K"],
-                        "env": {"K": STDIO_SECRET},
-                    },
-                ],
-            }
+                {
+                    "name": "envsrv",
+                    "transport": "stdio",
+                    "command": [sys.executable, str(ROOT / "tests" / "helpers" / "env_mcp_server.py"), "K"],
+                    "env": {"K": STDIO_SECRET},
+                },
+            ]
             driver = DriverProcess(tmp_path, payload)
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
-            cid, _ = await cp.send_command(
-                INSTANCE, "input.start", run_id="run-1", input={"text": '[[tool:mcp__docs__search_docs:{"q": "x"}]]'}
-            )
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": TOOL_CALL[runtime]})
             with anyio.fail_after(60):
                 await held.called.wait()
             # Mid-call: the driver, the CLI and both MCP servers' connections are up.
@@ -119,6 +125,7 @@ async def test_no_secret_in_argv_and_no_token_in_any_environment(tmp_path: Path,
             held.release.set()
             assert len(tree) >= 3, tree  # the driver, the CLI, the stdio MCP server at least
             assert any(b"env_mcp_server.py" in a for a in argv.values())  # the stdio server is in the tree
+            assert any(PROVIDER_KEY.encode() in e for e in environ.values())  # the provider key is set
             secrets = {
                 "control token": TOKEN,
                 "mcp header": header_value,
