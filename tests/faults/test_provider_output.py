@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.faults.history import check_run
+from tests.faults.test_command_flood import rss_kib
 from tests.faults.test_faults import status
 from tests.integration.harness import INSTANCE, DriverProcess, boot_payload, control_plane
 
@@ -49,7 +51,21 @@ async def test_protocol_garbage_and_a_100_mib_line(tmp_path: Any, started: list[
         assert all("\ufffd" not in p["message"] and "garbage line" not in p["message"] for p in protocol)
 
         # A 100 MiB line: the reader gives up at its 64 MiB limit, the run fails, the provider is replaced.
-        huge = await run(cp, "run-huge", "[[huge-line]]")
+        rss_before, peak = rss_kib(d.pid), 0
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, rss_kib(d.pid))
+                await anyio.sleep(0.05)  # a sampling period, not a wait for a condition
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sample)
+            huge = await run(cp, "run-huge", "[[huge-line]]")
+            tg.cancel_scope.cancel()
+        growth_mib = (peak - rss_before) / 1024
+        print(f"100 MiB provider line: driver RSS grew by {growth_mib:.0f} MiB")
+        assert growth_mib < 200, growth_mib  # the 64 MiB line buffer (and its growth), never the whole line
         assert huge["status"] == "failed", huge
         check_run(cp, "run-huge", terminal="run.failed")
         assert (await run(cp, "run-after", "[[say:still here]]"))["status"] == "completed"
