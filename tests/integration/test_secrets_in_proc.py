@@ -5,8 +5,10 @@ is read through /proc while an MCP tool call is in progress. The same with Codex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -148,5 +150,10 @@ async def test_no_secret_in_argv_and_no_token_in_any_environment(tmp_path: Path,
             assert TOKEN not in driver.stderr()
     finally:
         if driver is not None:
+            # Providers run in their own process groups: end the whole tree, not only the driver's group.
+            leftovers = process_tree(driver.pid)[1:]
             driver.close()
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         await docs.close()
