@@ -262,6 +262,10 @@ class JsonRpcPeer:
             # A bug in one handler must not kill the connection to the provider.
             log.exception("jsonrpc.notification_handler_failed", peer=self.name, method=method)
 
+    def cancel_incoming(self, request_id: RequestId) -> None:
+        """Stop handling a request of the peer's that the peer no longer waits for (no answer needed)."""
+        self._cancel_incoming({"requestId": request_id})
+
     def _cancel_incoming(self, params: Any) -> None:
         # ACP v1 names the cancelled request `requestId`; LSP-style peers use `id`. Accept both.
         target = params.get("requestId", params.get("id")) if isinstance(params, dict) else None

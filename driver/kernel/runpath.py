@@ -194,7 +194,8 @@ class RunPath:
 
     async def prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
         """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
-        the one channel every runtime reads)."""
+        the one channel every runtime reads); the attachments stay on the input, so an adapter can
+        also hand images (and texts) to its runtime natively (driver/adapters/attachments.py)."""
         if not run_input.attachments:
             return run_input
         k = self.k
@@ -206,7 +207,8 @@ class RunPath:
         except (artifacts.AttachmentError, PathNotAllowed) as exc:
             raise ProviderError("input.attachment_invalid", str(exc)) from None
         listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
-        return cmds.RunInput(text=f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]")
+        text = f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]"
+        return cmds.RunInput(text=text, attachments=run_input.attachments)
 
     async def report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
         try:

@@ -82,15 +82,28 @@ class PermissionBroker:
                     "request_id": request_id,
                     "tool_call_id": request.tool_call_id,
                     "title": request.title,
-                    "options": [
-                        {"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options
-                    ],
+                    "options": [{"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options],
                     "expires_at": expires.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                 },
             )
             if supervised:
-                with anyio.move_on_at(deadline):
-                    await pending.done.wait()
+                try:
+                    with anyio.move_on_at(deadline):
+                        await pending.done.wait()
+                except anyio.get_cancelled_exc_class():
+                    # The provider withdrew its request (Codex `serverRequest/resolved`, ACP
+                    # `$/cancel_request`): the control plane must not be left waiting on it.
+                    with anyio.CancelScope(shield=True):
+                        await self._emit(
+                            "permission.resolved",
+                            {
+                                "request_id": request_id,
+                                "outcome": "cancelled",
+                                "option_id": None,
+                                "decided_by": "cancel",
+                            },
+                        )
+                    raise
         finally:
             if supervised:
                 self._pending.pop(request_id, None)

@@ -17,7 +17,8 @@ The prompt text is scripted with the same markers as the fake model endpoints, w
 for an agent that has no model:
 - no marker: reply "Hello from the stubborn agent." in chunks;
 - `[[say:TEXT]]`: reply TEXT;
-- `[[echo]]`: reply with the text blocks of the prompt, one per line;
+- `[[term:CMD]]`: run CMD in a terminal that a tool call embeds while it runs (live output);
+- `[[echo]]`: reply with the text blocks of the prompt, one per line, then `[type] uri` of the others;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
@@ -42,6 +43,10 @@ Sessions it created can be loaded again with `session/load` (it advertises `load
 `STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
 
 With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
+
+With `STUBBORN_RICH=1` it is a richer agent: it takes images and embedded context in prompts, and its
+sessions have modes (`ask`, `yolo`) and config options of both value types (a select `effort`, a
+boolean `fast`), which `session/set_mode` and `session/set_config_option` change.
 
 With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
 and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
@@ -73,6 +78,27 @@ _sessions: set[str] = set()
 _cancelled: dict[str, threading.Event] = {}
 _session_params: dict[str, Any] = {}
 AUTH_VAR = os.environ.get("STUBBORN_AUTH_VAR")
+RICH = os.environ.get("STUBBORN_RICH") == "1"
+_config: dict[str, Any] = {"effort": "low", "fast": False}
+
+
+def session_state() -> dict[str, Any]:
+    """The `modes` and `configOptions` of a rich agent's session."""
+    if not RICH:
+        return {}
+    effort = [{"value": v, "name": v.title()} for v in ("low", "high")]
+    return {
+        "modes": {
+            "currentModeId": "ask",
+            "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "yolo", "name": "Yolo"}],
+        },
+        "configOptions": [
+            {"id": "effort", "name": "Effort", "type": "select", "currentValue": _config["effort"], "options": effort},
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": _config["fast"]},
+        ],
+    }
+
+
 _authenticated = threading.Event()
 
 
@@ -209,6 +235,23 @@ def huge_line() -> None:
         os._exit(5)  # the client hung up on the line, as it should
 
 
+def term(session_id: str, command: str) -> str:
+    """Run `command` in a client terminal that a tool call embeds while it runs (its output is live)."""
+    created = call("terminal/create", {"sessionId": session_id, "command": "sh", "args": ["-c", command]})
+    if "error" in created:
+        return "terminal error: " + error_text(created)
+    tid = created["result"]["terminalId"]
+    tool = {"toolCallId": f"term-{tid}", "title": command, "kind": "execute", "status": "in_progress"}
+    content = [{"type": "terminal", "terminalId": tid}]
+    update(session_id, {"sessionUpdate": "tool_call", **tool, "content": content})
+    waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    code = waited["result"].get("exitCode")
+    done = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "completed"}
+    update(session_id, {**done, "rawOutput": {"exit_code": code}})
+    call("terminal/release", {"sessionId": session_id, "terminalId": tid})
+    return f"term exit {code}"
+
+
 def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     session_id = params["sessionId"]
     _cancelled[session_id] = threading.Event()
@@ -242,7 +285,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     elif "[[session]]" in text:
         reply = json.dumps(_session_params.get(session_id), sort_keys=True)
     elif "[[echo]]" in text:
-        reply = "\n".join(texts(params))
+        links = [f"[{b['type']}] {b.get('uri')}" for b in params.get("prompt", []) if b.get("type") != "text"]
+        reply = "\n".join(texts(params) + links)
     elif m := re.search(r"\[\[say:(.*?)\]\]", text, re.S):
         reply = m.group(1)
     elif "[[perm-unannounced]]" in text:
@@ -261,6 +305,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = garbage()
     elif "[[huge-line]]" in text:
         huge_line()
+    elif m := re.search(r"\[\[term:(.*?)\]\]", text, re.S):
+        reply = term(session_id, m.group(1))
     if "[[slow]]" in text:
         long = "".join(f"word{i} " for i in range(400))
         finished = stream(session_id, long, 400, 0.05)
@@ -296,6 +342,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                         "loadSession": LOAD_SESSION,
                         "sessionCapabilities": {"additionalDirectories": {}},
                         "mcpCapabilities": {"http": True},
+                        "promptCapabilities": {"image": RICH, "embeddedContext": RICH},
                     },
                     "authMethods": auth_methods(),
                     "agentInfo": {"name": "stubborn", "version": "0"},
@@ -317,15 +364,20 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params
-        send({"id": rid, "result": {"sessionId": sid}})
+        send({"id": rid, "result": {"sessionId": sid, **session_state()}})
     elif method == "session/load":
         sid = params.get("sessionId", "")
         if sid.startswith("stub-"):
             _sessions.add(sid)
             _session_params[sid] = params
-            send({"id": rid, "result": {}})
+            send({"id": rid, "result": session_state()})
         else:
             send({"id": rid, "error": {"code": -32002, "message": f"session not found: {sid}"}})
+    elif method == "session/set_mode" and RICH:
+        send({"id": rid, "result": {}})
+    elif method == "session/set_config_option" and RICH:
+        _config[params["configId"]] = params["value"]
+        send({"id": rid, "result": {"configOptions": session_state()["configOptions"]}})
     elif method == "session/prompt":
         threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
     else:

@@ -236,3 +236,21 @@ async def test_an_answer_arriving_while_emit_is_still_blocked_is_kept() -> None:
             await rec.emitting.wait()
             b.resolve("prm-1-1", "opt-allow")
     assert result[0].outcome == "allowed"
+
+
+async def test_a_request_the_provider_withdraws_resolves_cancelled() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+
+            async def asker() -> None:
+                await b.request(REQUEST)
+
+            tg.start_soon(asker)
+            await rec.requested.wait()
+            tg.cancel_scope.cancel()  # what a provider's `$/cancel_request` / `serverRequest/resolved` does
+    assert rec.kinds == ["permission.requested", "permission.resolved"]
+    assert rec.payload("permission.resolved")["outcome"] == "cancelled"
+    assert rec.payload("permission.resolved")["decided_by"] == "cancel"
+    assert b.pending_count == 0
