@@ -46,7 +46,8 @@ async def test_cancelled_run_reports_files_and_processes_left(runtime: str, tmp_
         payload["execution"]["permission_policy"] = "full_access"
         d = Driver(tmp_path, payload)
         try:
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": f"[[shell:{script}]]"})
+            text = f"[[shell:{script}]]"
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
             with anyio.fail_after(60):
                 while not ((cwd / "se-b.txt").exists() and sleepers(marker)):  # noqa: ASYNC110 (files, /proc)
                     await anyio.sleep(0.05)
@@ -60,9 +61,8 @@ async def test_cancelled_run_reports_files_and_processes_left(runtime: str, tmp_
             # tool_calls: every tool call the run reported starting, with its last reported status.
             run_events = cp.events(INSTANCE, run_id="run-1")
             started = {e["payload"]["tool_call_id"] for e in run_events if e["kind"] == "tool.started"}
-            completed = {
-                e["payload"]["tool_call_id"]: e["payload"]["status"] for e in run_events if e["kind"] == "tool.completed"
-            }
+            ended = [e["payload"] for e in run_events if e["kind"] == "tool.completed"]
+            completed = {p["tool_call_id"]: p["status"] for p in ended}
             assert {t["tool_call_id"] for t in payload["tool_calls"]} == started
             assert all(t["status"] == completed.get(t["tool_call_id"], "running") for t in payload["tool_calls"])
             left = {p["pid"] for p in payload["side_effects"]["processes_left"] if p["argv0"] == "sleep"}
