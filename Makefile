@@ -6,7 +6,7 @@ STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_DEB := $(VENV)/.debian
 
-.PHONY: setup run test test-fast test-provider lint bench clean
+.PHONY: setup run test test-fast test-provider lint bench evidence clean
 
 setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
 
@@ -43,6 +43,10 @@ test-provider: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The five claims, measured (offline: fake model endpoints); the report goes to docs/evidence.md.
+evidence: setup
+	$(BIN)/agent-driver evidence --json evidence.json --markdown docs/evidence.md
 
 clean:
 	rm -rf $(VENV) node_modules

@@ -27,7 +27,7 @@ from driver.supervision import CrashWindow
 
 log = logs.get("driver.supervisor")
 
-Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 
 
 class Attempt:

@@ -205,6 +205,8 @@ class AcpAdapter(Adapter):
             await self.ports.emit("runtime.session.reset", {"previous": resume.value, "current": current})
         else:
             await self._new_session()
+            # No session to load but a history to keep (PROTOCOL §8): replayed on the next turn.
+            self._recovery_pending = [(r.role, r.text) for r in self.config.execution.recovery_messages]
 
     async def _config_warning(self, message: str) -> None:
         log.warning("acp.config", message=message)

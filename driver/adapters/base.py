@@ -12,10 +12,23 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import anyio
 
+from driver.interfaces import (
+    EventPort,
+    FilePort,
+    HostToolPort,
+    HostToolReply,
+    PathNotAllowed,
+    PermissionDecision,
+    PermissionOption,
+    PermissionOptionKind,
+    PermissionPort,
+    PermissionRequest,
+    Ports,
+)
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
 
@@ -31,73 +44,25 @@ CAPABILITIES: tuple[str, ...] = (
     "file_change",
 )
 
-PermissionOptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
-
-
-@dataclass(frozen=True, slots=True)
-class PermissionOption:
-    option_id: str
-    kind: PermissionOptionKind
-    label: str
-
-
-@dataclass(frozen=True, slots=True)
-class PermissionRequest:
-    tool_call_id: str
-    title: str
-    options: tuple[PermissionOption, ...]
-    tool_name: str = ""
-    tool_input: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class PermissionDecision:
-    outcome: Literal["allowed", "rejected", "cancelled", "timed_out"]
-    option_id: str | None
-    option_kind: PermissionOptionKind | None = None
-
-    @property
-    def allowed(self) -> bool:
-        return self.outcome == "allowed"
-
-
-@dataclass(frozen=True, slots=True)
-class HostToolReply:
-    content: list[dict[str, Any]]
-    is_error: bool
-
-
-class EventPort(Protocol):
-    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
-        """Admit one event. Lossless events are journaled before this returns; may wait (backpressure)."""
-
-
-class PermissionPort(Protocol):
-    async def request(self, request: PermissionRequest) -> PermissionDecision: ...
-
-
-class HostToolPort(Protocol):
-    async def call(self, name: str, arguments: Any) -> HostToolReply: ...
-
-
-class FilePort(Protocol):
-    def admit(self, path: str | Path) -> Path:
-        """Resolve `path` (relative to cwd) and return it if inside an allowed root; else PathNotAllowed."""
-
-
-class PathNotAllowed(PermissionError):
-    pass
-
-
-@dataclass(slots=True)
-class Ports:
-    events: EventPort
-    permissions: PermissionPort
-    host_tools: HostToolPort
-    files: FilePort
-
-    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
-        await self.events.emit(kind, payload)
+# Re-exported: adapters and their tests import the port types from here.
+__all__ = [
+    "CAPABILITIES",
+    "Adapter",
+    "AdapterConfig",
+    "EventPort",
+    "FilePort",
+    "HostToolPort",
+    "HostToolReply",
+    "PathNotAllowed",
+    "PermissionDecision",
+    "PermissionOption",
+    "PermissionOptionKind",
+    "PermissionPort",
+    "PermissionRequest",
+    "Ports",
+    "ProviderError",
+    "TurnOutcome",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,6 +230,8 @@ class CodexAdapter(Adapter):
                     self._recovery_pending = []
         elif self._thread_id is None:
             self._thread_id = await self._new_thread()
+            # No thread to resume but a history to keep (PROTOCOL §8): replayed on the next turn.
+            self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
         await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
 
     async def _replace_thread(self, previous: str, why: str) -> None:

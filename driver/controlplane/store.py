@@ -271,6 +271,9 @@ class Store:
                     for ev in fresh
                 ],
             )
+            for ev in fresh:
+                if ev.kind == "command.finished":
+                    self._apply_finished(instance_id, ev.payload_json, stamp)
             result.accepted.extend(ev.event_id for ev in fresh)
             result.stored = fresh
             result.stored_at = stamp
@@ -314,19 +317,44 @@ class Store:
         stamp = now_iso()
         result_json = None if result is None else json.dumps(result)
         error_json = None if error is None else json.dumps(error)
-        terminal = tuple(sorted(TERMINAL_STATUSES))
         with self._tx():
-            self._db.execute(
-                "INSERT INTO command_updates (instance_id, command_id, status, result, error, received_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (instance_id, command_id, status, result_json, error_json, stamp),
-            )
-            cur = self._db.execute(
-                "UPDATE commands SET status = ?, result = ?, error = ?, updated_at = ? "
-                "WHERE command_id = ? AND instance_id = ? AND status NOT IN (?, ?, ?)",
-                (status, result_json, error_json, stamp, command_id, instance_id, *terminal),
-            )
-            return cur.rowcount == 1
+            return self._apply_update(instance_id, command_id, status, result_json, error_json, stamp)
+
+    def _apply_update(
+        self,
+        instance_id: str,
+        command_id: str,
+        status: str,
+        result_json: str | None,
+        error_json: str | None,
+        stamp: str,
+    ) -> bool:
+        terminal = tuple(sorted(TERMINAL_STATUSES))
+        self._db.execute(
+            "INSERT INTO command_updates (instance_id, command_id, status, result, error, received_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (instance_id, command_id, status, result_json, error_json, stamp),
+        )
+        cur = self._db.execute(
+            "UPDATE commands SET status = ?, result = ?, error = ?, updated_at = ? "
+            "WHERE command_id = ? AND instance_id = ? AND status NOT IN (?, ?, ?)",
+            (status, result_json, error_json, stamp, command_id, instance_id, *terminal),
+        )
+        return cur.rowcount == 1
+
+    def _apply_finished(self, instance_id: str, payload_json: str, stamp: str) -> None:
+        """PROTOCOL §3: a `command.finished` event is applied like a terminal `command.update`, in the
+        transaction that stores it (so its receipt means the status is applied too)."""
+        payload = json.loads(payload_json)
+        result, error = payload.get("result"), payload.get("error")
+        self._apply_update(
+            instance_id,
+            str(payload["command_id"]),
+            str(payload["status"]),
+            None if result is None else json.dumps(result),
+            None if error is None else json.dumps(error),
+            stamp,
+        )
 
     # -- reads ----------------------------------------------------------------------------------
 

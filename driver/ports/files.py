@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from driver.adapters.base import PathNotAllowed
+from driver.interfaces import PathNotAllowed
 
 
 class AllowedRoots:

@@ -27,7 +27,7 @@ import anyio.abc
 import msgspec
 import structlog
 
-from driver.adapters.base import HostToolPort
+from driver.interfaces import HostToolPort
 from driver.protocol.boot import HostTool
 
 log = structlog.get_logger(__name__)

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import anyio
 
-from driver.adapters.base import PermissionDecision, PermissionOption, PermissionRequest
+from driver.interfaces import PermissionDecision, PermissionOption, PermissionRequest
 
-Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 DecidedBy = Literal["control_plane", "policy", "timeout", "cancel"]
 
 

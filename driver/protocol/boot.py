@@ -75,6 +75,10 @@ class RecoveryMessage(_Strict):
     text: str
 
 
+class Limits(_Strict):
+    provider_rss_mb: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
 class ExecutionConfig(_Strict):
     revision: NonEmpty
     runtime: Runtime
@@ -90,6 +94,13 @@ class ExecutionConfig(_Strict):
     acp: AcpConfig | None = None
     native_resume: NativeResume | None = None
     recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
+    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] = 600_000
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class Telemetry(_Strict):
+    otlp_endpoint: NonEmpty
+    headers_from_env: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class BootPayload(_Strict):
@@ -99,6 +110,7 @@ class BootPayload(_Strict):
     session: SessionConfig
     execution: ExecutionConfig
     traceparent: str | None = None
+    telemetry: Telemetry | None = None
 
     def __post_init__(self) -> None:
         if self.execution.runtime == "acp" and self.execution.acp is None:

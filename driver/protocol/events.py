@@ -95,6 +95,7 @@ class ToolStarted(_P):
     name: str
     title: str
     input: Any
+    parent_tool_call_id: str | None = None
 
 
 class ToolOutputDelta(_P):
@@ -183,6 +184,19 @@ class DiagnosticReported(_P):
     details: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class CommandFinished(_P):
+    command_id: str
+    command_kind: str
+    status: Literal["completed", "failed", "cancelled"]
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+
+
+class HostToolResolved(_P):
+    call_id: str
+    outcome: Literal["completed", "failed", "timed_out", "cancelled"]
+
+
 class EventKind(msgspec.Struct, frozen=True):
     payload: type[msgspec.Struct]
     delivery: Delivery
@@ -219,6 +233,8 @@ EVENT_KINDS: dict[str, EventKind] = {
     "runtime.resume.updated": _k(RuntimeResumeUpdated, run_scoped=False),
     "runtime.session.reset": _k(RuntimeSessionReset, run_scoped=False),
     "diagnostic.reported": _k(DiagnosticReported, run_scoped=False),
+    "command.finished": _k(CommandFinished, run_scoped=False),
+    "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

@@ -11,6 +11,7 @@ connection is shared between that thread and the event loop.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -40,9 +41,23 @@ CREATE INDEX IF NOT EXISTS commands_touched ON commands(touched);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     command_id TEXT NOT NULL,
-    started_at TEXT NOT NULL
+    started_at TEXT NOT NULL,
+    terminal TEXT,
+    error TEXT
+);
+CREATE TABLE IF NOT EXISTS texts (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS transcript (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL
 );
 """
+# Columns added after the first release: (table, column, declaration), applied when missing.
+MIGRATIONS = (
+    ("runs", "terminal", "TEXT"),
+    ("runs", "error", "TEXT"),
+    ("commands", "kind", "TEXT"),
+)
 
 RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later
@@ -50,6 +65,10 @@ RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 SEQ_BLOCK = 65536
 # PROTOCOL §3: at least the last 1024 terminal statuses are kept.
 COMMANDS_KEPT = 4096
+# Ended runs are kept (so a restart can mirror a terminal into its command's status) up to this many.
+RUNS_KEPT = 1024
+# PROTOCOL §8: the transcript kept for replay is bounded to its newest 64 KiB of text.
+TRANSCRIPT_MAX_BYTES = 64 * 1024
 
 
 class JournaledEvent(NamedTuple):
@@ -69,6 +88,17 @@ class StoredCommand:
     fingerprint: str
     status: str
     update_frame: bytes | None
+    kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndedRun:
+    """A run whose terminal was journaled: its kind and, for `run.failed`, the error payload."""
+
+    run_id: str
+    command_id: str
+    terminal: str
+    error: dict[str, object] | None
 
 
 class Journal:
@@ -84,6 +114,7 @@ class Journal:
         # FULL: every commit fsyncs the WAL, so a receipt-less event survives power loss, not just a crash.
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self._counter = self._meta("touch_counter", 0)
         # A second connection for reading event bodies back: in WAL mode it reads committed rows while
         # the writer's commit (and its fsync) is in progress, so a sender re-reading a backlog is never
@@ -98,6 +129,12 @@ class Journal:
         with self._lock, self._reader_lock:
             self._reader.close()
             self._db.close()
+
+    def _migrate(self) -> None:
+        for table, column, decl in MIGRATIONS:
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     # -- meta ---------------------------------------------------------------------------------------
     def _meta(self, key: str, default: int) -> int:
@@ -157,10 +194,15 @@ class Journal:
                     "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)", rows
                 )
                 # A run stops being active in the same transaction that makes its terminal durable, so
-                # a restart can never see an active run whose terminal is already on its way.
-                ended = [(run_id,) for _, _, run_id, kind, _ in rows if kind in RUN_TERMINAL_KINDS and run_id]
+                # a restart can never see an active run whose terminal is already on its way; the
+                # terminal is remembered so the run's command status can mirror it after a restart.
+                ended = [
+                    (kind, _terminal_error(body), run_id)
+                    for _, _, run_id, kind, body in rows
+                    if kind in RUN_TERMINAL_KINDS and run_id
+                ]
                 if ended:
-                    self._db.executemany("DELETE FROM runs WHERE run_id = ?", ended)
+                    self._db.executemany("UPDATE runs SET terminal = ?, error = ? WHERE run_id = ?", ended)
             if gone:
                 self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
 
@@ -196,23 +238,35 @@ class Journal:
     def command(self, command_id: str) -> StoredCommand | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT command_id, seq, fingerprint, status, update_frame FROM commands WHERE command_id = ?",
+                "SELECT command_id, seq, fingerprint, status, update_frame, kind FROM commands WHERE command_id = ?",
                 (command_id,),
             ).fetchone()
         if row is None:
             return None
-        return StoredCommand(row[0], int(row[1]), row[2], row[3], bytes(row[4]) if row[4] is not None else None)
+        frame = bytes(row[4]) if row[4] is not None else None
+        return StoredCommand(row[0], int(row[1]), row[2], row[3], frame, row[5])
+
+    def command_kind(self, command_id: str) -> str | None:
+        stored = self.command(command_id)
+        return stored.kind if stored is not None else None
 
     def save_command(
-        self, command_id: str, seq: int, fingerprint: str, status: str, update_frame: bytes | None
+        self,
+        command_id: str,
+        seq: int,
+        fingerprint: str,
+        status: str,
+        update_frame: bytes | None,
+        kind: str | None = None,
     ) -> None:
         with self._lock, self._tx():
             self._counter += 1
             self._db.execute(
-                "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched) "
-                "VALUES(?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET status = excluded.status, "
-                "update_frame = excluded.update_frame, touched = excluded.touched",
-                (command_id, seq, fingerprint, status, update_frame, self._counter),
+                "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
+                "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET status = excluded.status, "
+                "update_frame = excluded.update_frame, touched = excluded.touched, "
+                "kind = coalesce(excluded.kind, commands.kind)",
+                (command_id, seq, fingerprint, status, update_frame, self._counter, kind),
             )
             self._set_meta("touch_counter", self._counter)
             if self._counter % 256 == 0:
@@ -253,6 +307,12 @@ class Journal:
                 "INSERT OR REPLACE INTO runs(run_id, command_id, started_at) VALUES(?, ?, ?)",
                 (run_id, command_id, started_at),
             )
+            # Ended runs are only kept to mirror their terminal into a command status after a restart.
+            self._db.execute(
+                "DELETE FROM runs WHERE terminal IS NOT NULL AND rowid <= "
+                "(SELECT MAX(rowid) FROM runs) - ?",
+                (RUNS_KEPT,),
+            )
 
     def run_ended(self, run_id: str) -> None:
         with self._lock, self._tx():
@@ -262,19 +322,86 @@ class Journal:
         """Commands accepted by an earlier process that never reached a terminal status."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT command_id, seq, fingerprint, status, update_frame FROM commands "
+                "SELECT command_id, seq, fingerprint, status, update_frame, kind FROM commands "
                 "WHERE status NOT IN ('completed','failed','cancelled') ORDER BY seq"
             ).fetchall()
-        return [StoredCommand(r[0], int(r[1]), r[2], r[3], None) for r in rows]
+        return [StoredCommand(r[0], int(r[1]), r[2], r[3], None, r[5]) for r in rows]
 
     def active_runs(self) -> list[tuple[str, str]]:
+        """Runs started whose terminal was never journaled: (run_id, command_id)."""
         with self._lock:
-            rows = self._db.execute("SELECT run_id, command_id FROM runs ORDER BY started_at").fetchall()
+            rows = self._db.execute(
+                "SELECT run_id, command_id FROM runs WHERE terminal IS NULL ORDER BY started_at"
+            ).fetchall()
         return [(str(r), str(c)) for r, c in rows]
+
+    def ended_run_of(self, command_id: str) -> EndedRun | None:
+        """The run `command_id` started, if its terminal was journaled."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT run_id, command_id, terminal, error FROM runs WHERE command_id = ? AND terminal IS NOT NULL",
+                (command_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        error = json.loads(row[3]) if row[3] else None
+        return EndedRun(str(row[0]), str(row[1]), str(row[2]), error if isinstance(error, dict) else None)
+
+    # -- texts and the transcript (PROTOCOL §8) --------------------------------------------------------
+    def text(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM texts WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def set_text(self, key: str, value: str | None) -> None:
+        with self._lock, self._tx():
+            if value is None:
+                self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
+            else:
+                self._db.execute(
+                    "INSERT INTO texts(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+
+    def transcript(self) -> list[tuple[str, str]]:
+        """(role, text) of the kept transcript, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT role, text FROM transcript ORDER BY id").fetchall()
+        return [(str(r), str(t)) for r, t in rows]
+
+    def transcript_append(self, role: str, text: str, max_bytes: int = TRANSCRIPT_MAX_BYTES) -> None:
+        """Append one message and drop the oldest ones beyond `max_bytes` of text (UTF-8)."""
+        with self._lock, self._tx():
+            self._db.execute("INSERT INTO transcript(role, text) VALUES(?, ?)", (role, text))
+            total = 0
+            keep_from: int | None = None
+            for row_id, size in self._db.execute(
+                "SELECT id, length(CAST(text AS BLOB)) FROM transcript ORDER BY id DESC"
+            ):
+                total += int(size)
+                if total > max_bytes:
+                    keep_from = int(row_id) + 1
+                    break
+            if keep_from is not None:
+                self._db.execute("DELETE FROM transcript WHERE id < ?", (keep_from,))
+
+    def transcript_clear(self) -> None:
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM transcript")
 
     # -- helpers ------------------------------------------------------------------------------------
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _terminal_error(body: bytes) -> str | None:
+    """The `error` of a journaled `run.failed` body, as JSON (None for other terminals)."""
+    try:
+        payload = json.loads(body).get("payload") or {}
+    except (ValueError, AttributeError):
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return json.dumps(error) if isinstance(error, dict) else None
 
 
 class _Transaction:

@@ -27,7 +27,7 @@ import msgspec
 from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
-from driver.queue.journal import SEQ_BLOCK, Journal
+from driver.queue.journal import RUN_TERMINAL_KINDS, SEQ_BLOCK, Journal
 
 log = logging.getLogger("driver.outbox")
 
@@ -487,6 +487,13 @@ class Outbox:
         s.best_effort_dropped = self.best_effort.dropped
         s.best_effort_buffered = len(self.best_effort)
         return s
+
+    def pending_terminal_of(self, run_id: str) -> str | None:
+        """The event_id of `run_id`'s terminal while it is still unreceipted (restart recovery)."""
+        for entry in self._entries.values():
+            if entry.run_id == run_id and entry.kind in RUN_TERMINAL_KINDS:
+                return entry.event_id
+        return None
 
     def dropped_for_run(self, run_id: str) -> int:
         return self.best_effort.dropped_for(run_id)

@@ -51,7 +51,9 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     cancelled = _cancelled.setdefault(session_id, threading.Event())
     cancelled.clear()
     text = "".join(b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text")
-    m = re.search(r"\[\[flood:(\d+)(?::(\d+))?\]\]", text)
+    # The newest marker counts: a replayed transcript (PROTOCOL §8) carries earlier prompts before it.
+    found = list(re.finditer(r"\[\[flood:(\d+)(?::(\d+))?\]\]", text))
+    m = found[-1] if found else None
     stop = "end_turn"
     if m is None:
         update(session_id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "flood ok"}})

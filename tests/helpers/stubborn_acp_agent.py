@@ -29,7 +29,10 @@ for an agent that has no model:
 - `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
 - `[[error]]`: answer the prompt with a JSON-RPC error (after the reply);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
-Sessions it created can be loaded again with `session/load` (it advertises `loadSession`).
+Sessions it created can be loaded again with `session/load` (it advertises `loadSession`, unless
+`STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
+
+With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
 
 With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
 and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
@@ -50,6 +53,8 @@ from typing import Any
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
 MODES = ("normal", "ignore-cancel", "ignore-term", "exit-mid-turn", "no-init", "crash-after-init", "crash-on-start")
 IGNORES_CANCEL = MODE in ("ignore-cancel", "ignore-term")
+LOAD_SESSION = os.environ.get("STUBBORN_LOAD_SESSION", "1") != "0"
+NEW_SESSION_DELAY_S = int(os.environ.get("STUBBORN_NEW_SESSION_DELAY_MS", "0")) / 1000
 
 _out_lock = threading.Lock()
 _pending: dict[int, dict[str, Any]] = {}
@@ -108,10 +113,6 @@ def texts(params: dict[str, Any]) -> list[str]:
     return [b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"]
 
 
-def prompt_text(params: dict[str, Any]) -> str:
-    return "".join(texts(params))
-
-
 def permission(session_id: str, announce: bool) -> str:
     tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
     tool = {"toolCallId": tool_call_id, "title": "Write notes.txt", "kind": "edit", "status": "pending"}
@@ -153,7 +154,9 @@ def shell(session_id: str, command: str) -> str:
 def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     session_id = params["sessionId"]
     _cancelled[session_id] = threading.Event()
-    text = prompt_text(params)
+    # Markers are read from the user's own block, the last one: a replayed transcript (PROTOCOL §8)
+    # arrives as an earlier block and may hold the markers of earlier prompts.
+    text = (texts(params) or [""])[-1]
     if MODE == "exit-mid-turn":
         chunk(session_id, "About to ")
         chunk(session_id, "vanish")
@@ -219,7 +222,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                 "result": {
                     "protocolVersion": 1,
                     "agentCapabilities": {
-                        "loadSession": True,
+                        "loadSession": LOAD_SESSION,
                         "sessionCapabilities": {"additionalDirectories": {}},
                         "mcpCapabilities": {"http": True},
                     },
@@ -238,6 +241,8 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         if AUTH_VAR and not _authenticated.is_set():
             send({"id": rid, "error": {"code": -32000, "message": "Authentication required"}})
             return
+        if _sessions and NEW_SESSION_DELAY_S:
+            time.sleep(NEW_SESSION_DELAY_S)  # a slow session.reset (the first session opens at once)
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params

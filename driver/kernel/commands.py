@@ -1,0 +1,173 @@
+"""Command dispatch (PROTOCOL §3): idempotency by `command_id`, `accepted` at once, exactly one terminal
+status, and every terminal status kept as a fact.
+
+A terminal status is persisted under `state_dir` first, then admitted as the lossless
+`command.finished` event (journaled and retried like every lossless event, so a status produced while
+the link is down or during recovery still reaches the control plane), and only then sent as the fast
+`command.update` frame when a link is up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import msgspec
+
+from driver import logs
+from driver.adapters.base import ProviderError
+from driver.ports.host_tools import HostToolCommandError
+from driver.ports.permissions import PermissionCommandError
+from driver.protocol import commands as cmds
+from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.kernel.commands")
+
+TerminalStatus = Literal["completed", "failed", "cancelled"]
+
+
+class CommandDesk:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        self.in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
+        self.kinds: dict[str, str] = {}  # command_id → kind, for command.finished
+
+    async def send_update(self, update: CommandUpdate) -> None:
+        link = self.k.link
+        if link is not None:
+            await link.send(encode(update))
+
+    async def finish(
+        self,
+        command_id: str,
+        seq: int,
+        fingerprint: str,
+        status: TerminalStatus,
+        *,
+        result: dict[str, Any] | None = None,
+        error: CommandError | None = None,
+        kind: str | None = None,
+    ) -> None:
+        """Persist the terminal status, admit it as `command.finished`, then send the fast update."""
+        update = CommandUpdate(command_id=command_id, status=status, result=result, error=error)
+        if status == "completed" and result is None:
+            update.result = {}
+        frame = encode(update)
+        # Persist first: a terminal status must survive a restart before anyone can see it.
+        await anyio.to_thread.run_sync(self.k.journal.save_command, command_id, seq, fingerprint, status, frame)
+        self.in_progress.pop(command_id, None)
+        command_kind = kind or self.kinds.pop(command_id, None) or self.k.journal.command_kind(command_id) or ""
+        self.kinds.pop(command_id, None)
+        finished: dict[str, Any] = {"command_id": command_id, "command_kind": command_kind, "status": status}
+        if error is not None:
+            finished["error"] = {"code": error.code, "message": error.message, "retryable": error.retryable}
+        else:
+            finished["result"] = update.result
+        await self.k.emit("command.finished", finished)
+        await self.send_update(update)
+
+    async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+        k = self.k
+        k.touch()
+        try:
+            fingerprint = cmds.fingerprint(raw)
+        except msgspec.DecodeError:
+            return
+        stored = k.journal.command(head.command_id)
+        known = stored.fingerprint if stored is not None else self.in_progress.get(head.command_id)
+        terminal = (
+            stored.update_frame
+            if stored is not None and stored.status in TERMINAL_STATUSES and stored.update_frame is not None
+            else None
+        )
+        match cmds.classify_repeat(fingerprint, known, terminal):
+            case cmds.Repeat.CONFLICT:
+                await self.send_update(
+                    CommandUpdate(
+                        command_id=head.command_id,
+                        status="failed",
+                        error=CommandError("command.conflict", "this command_id was used before with other content"),
+                    )
+                )
+                return
+            case cmds.Repeat.RESEND_TERMINAL:
+                assert terminal is not None
+                if k.link is not None:
+                    await k.link.send(terminal)
+                return
+            case cmds.Repeat.STILL_RUNNING:
+                await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+                return
+            case cmds.Repeat.NEW:
+                pass
+        # New command: accept at once (within 1 s), remember it, then execute.
+        self.in_progress[head.command_id] = fingerprint
+        self.kinds[head.command_id] = head.kind
+        await anyio.to_thread.run_sync(
+            k.journal.save_command, head.command_id, head.seq, fingerprint, "accepted", None, head.kind
+        )
+        await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+        try:
+            command = cmds.decode_command(raw)
+        except cmds.CommandInvalid as exc:
+            await self.finish(
+                head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
+            )
+            return
+        k.spawn(self.execute, command, fingerprint)
+
+    async def execute(self, command: cmds.Command, fp: str) -> None:
+        k = self.k
+        cid, seq = command.command_id, command.seq
+
+        async def fail(code: str, message: str, retryable: bool = False) -> None:
+            await self.finish(cid, seq, fp, "failed", error=CommandError(code, message, retryable))
+
+        if k.stopping and not isinstance(command, cmds.SessionStop | cmds.PermissionResolve | cmds.HostToolResult):
+            await fail("driver.stopping", "the driver is stopping", retryable=True)
+            return
+        match command:
+            case cmds.InputStart():
+                await k.runs.input_start(command, fp)
+            case cmds.TurnCancel():
+                run = k.run
+                if run is None or run.run_id != command.run_id or run.terminal is not None:
+                    await self.finish(cid, seq, fp, "completed", result={"already_terminal": True})
+                    return
+                await k.runs.cancel_run(run, requested_by="control_plane", reason=command.reason)
+                await run.receipted.wait()
+                await self.finish(
+                    cid,
+                    seq,
+                    fp,
+                    "completed",
+                    result={"run_id": run.run_id, "terminal": run.terminal, "phase": run.cancel_phase},
+                )
+            case cmds.PermissionResolve():
+                try:
+                    k.permissions.resolve(command.request_id, command.option_id)
+                except PermissionCommandError as exc:
+                    await fail(exc.code, exc.message)
+                    return
+                await self.finish(cid, seq, fp, "completed")
+            case cmds.HostToolResult():
+                try:
+                    k.host_tools.deliver(command.call_id, command.content, command.is_error)
+                except HostToolCommandError as exc:
+                    await fail(exc.code, exc.message)
+                    return
+                await self.finish(cid, seq, fp, "completed")
+            case cmds.SessionReset():
+                try:
+                    previous, current = await k.provider.reset_session()
+                except ProviderError as exc:
+                    await fail(exc.code, exc.message, exc.retryable)
+                    return
+                await self.finish(cid, seq, fp, "completed", result={"previous": previous, "current": current})
+            case cmds.SessionStop():
+                await k.lifecycle.stop(
+                    reason=command.reason or "session.stop", requested_by="control_plane", command=(cid, seq, fp)
+                )

@@ -1,0 +1,332 @@
+"""The `Kernel`: one driver instance's shared state and the wiring between its rooms.
+
+One process serves one driver instance. The kernel owns the journal and outbox, the supervisor and
+its adapter, the ports and the link; the events port (`emit`) stamps events with the active run and
+admits them. The rooms hold the behaviour: `commands.CommandDesk`, `runpath.RunPath`,
+`provider.ProviderRoom` and `lifecycle.Lifecycle`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from driver import __version__, logs
+from driver.adapters.base import CAPABILITIES, Adapter, Ports
+from driver.adapters.registry import capabilities_of
+from driver.kernel.commands import CommandDesk
+from driver.kernel.lifecycle import Lifecycle
+from driver.kernel.options import KernelOptions, project_root
+from driver.kernel.provider import ProviderRoom
+from driver.kernel.runpath import RunPath
+from driver.ports.files import AllowedRoots
+from driver.ports.host_tools import HostToolBroker
+from driver.ports.permissions import PermissionBroker
+from driver.protocol.boot import BootPayload
+from driver.protocol.events import EVENT_KINDS, RUN_TERMINALS, PayloadError, validate_payload
+from driver.protocol.frames import (
+    PROTOCOL_VERSION,
+    Capability,
+    CommandFrame,
+    Heartbeat,
+    HeartbeatOutbox,
+    Hello,
+    OutboxSummary,
+    Welcome,
+    encode,
+)
+from driver.protocol.link import CloseReaction
+from driver.queue.journal import Journal
+from driver.queue.outbox import FinalRejection, Outbox, utc_now
+from driver.runs import Run
+from driver.states import StateMachine, Trigger
+from driver.supervision import CrashWindow
+from driver.supervisor import ProviderSupervisor
+
+log = logs.get("driver.kernel")
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+# Events the provider room watches: they move the current native ref or the transcript.
+_OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "message.completed"})
+
+
+class Kernel:
+    def __init__(self, boot: BootPayload, *, started_at: float, options: KernelOptions | None = None) -> None:
+        self.boot = boot
+        self.options = options or KernelOptions.from_env(os.environ)
+        self.project_root = project_root()
+        self.started_monotonic = started_at
+        self.started_at_iso = utc_now()
+        self.state = StateMachine()
+        state_dir = Path(boot.session.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.journal = Journal(state_dir / "driver" / "journal.sqlite3")
+        self.epoch = self.journal.bump_epoch()
+        self.outbox = Outbox(
+            self.journal,
+            boot.driver_instance_id,
+            boot.session.id,
+            self.epoch,
+            max_events=self.options.outbox_max_events,
+        )
+        self.run: Run | None = None
+        self.exit_status: int | None = None
+        self.done = anyio.Event()
+        self.last_activity = time.monotonic()
+        self.stopping = False
+        self.link: Any = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        ex = boot.execution
+        self.permissions = PermissionBroker(
+            self.emit,
+            policy=ex.permission_policy,
+            timeout_ms=ex.permission_timeout_ms,
+            id_prefix=f"prm-{self.epoch}",
+            on_pending_change=self._permission_pending_changed,
+        )
+        self.host_tools = HostToolBroker(
+            self.emit,
+            id_prefix=f"htc-{self.epoch}",
+            current_run=lambda: self.run.run_id if self.run else None,
+            known={t.name for t in ex.host_tools},
+            timeout_s=ex.host_tool_timeout_ms / 1000.0,
+        )
+        roots = [boot.session.memory_dir, *boot.session.additional_directories]
+        self.files = AllowedRoots(boot.session.cwd, roots)
+        self.ports = Ports(self, self.permissions, self.host_tools, self.files)
+        # Static: `hello` is built before the adapter's module (and its SDK) is imported.
+        self.capabilities = capabilities_of(ex.runtime)
+        self.commands = CommandDesk(self)
+        self.runs = RunPath(self)
+        self.provider = ProviderRoom(self)
+        self.lifecycle = Lifecycle(self)
+        opts = self.options
+        self.supervisor = ProviderSupervisor(
+            self.provider.new_adapter,
+            self.emit,
+            start_timeout_s=opts.provider_start_timeout_s,
+            stop_timeout_s=opts.provider_stop_timeout_s,
+            crashes=CrashWindow(
+                limit=opts.crash_loop_limit,
+                window_s=opts.crash_loop_window_s,
+                backoff_base_s=opts.restart_backoff_base_s,
+                backoff_cap_s=opts.restart_backoff_cap_s,
+            ),
+            on_ready=self._provider_ready,
+            on_lost=lambda: self.fire("provider_lost"),
+            on_exited=self.provider.provider_exited,
+        )
+
+    @property
+    def adapter(self) -> Adapter:
+        """The current adapter (the supervisor replaces it after a crash or a forced kill)."""
+        return self.supervisor.adapter
+
+    @property
+    def provider_start_ms(self) -> float | None:
+        return self.supervisor.start_ms
+
+    def capability_list(self) -> list[dict[str, Any]]:
+        return [{"id": c, "supported": c in self.capabilities} for c in CAPABILITIES]
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start a task in the kernel's task group (alive for the process's life)."""
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    def touch(self) -> None:
+        """Something happened: the idle clock starts again."""
+        self.last_activity = time.monotonic()
+
+    def _provider_ready(self) -> None:
+        self.fire("provider_ready")
+        self.provider.on_ready()
+
+    # -- the events port -----------------------------------------------------------------------------
+    async def emit(self, kind: str, payload: dict[str, Any]) -> str | None:
+        """The adapters' `emit`: validate, stamp with the run, admit to the outbox. Returns the
+        event_id (None for an event dropped because its run is already terminal)."""
+        spec = EVENT_KINDS.get(kind)
+        if spec is None:
+            raise PayloadError(f"unknown event kind {kind!r}")
+        run = self.run
+        run_id: str | None = None
+        if spec.run_scoped and kind not in ("host_tool.called",):
+            if run is not None:
+                if run.terminal is not None and kind not in RUN_TERMINALS:
+                    log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
+                    return None
+                run_id = run.run_id
+                run.last_activity = time.monotonic()
+                if kind == "tool.started":
+                    run.tools_started.setdefault(str(payload.get("tool_call_id")), str(payload.get("name", "")))
+                elif kind == "tool.completed":
+                    run.tools_completed.add(str(payload.get("tool_call_id")))
+        elif kind == "host_tool.called":
+            run_id = payload.get("run_id")
+        if kind in _OBSERVED:
+            await self.provider.observe(kind, payload)
+        body = validate_payload(kind, payload)
+        if len(body) > MAX_PAYLOAD_BYTES:
+            body = validate_payload(kind, _shrink(payload))
+        return await self.outbox.admit(kind, body, spec.delivery, run_id)
+
+    # -- states ---------------------------------------------------------------------------------------
+    def fire(self, trigger: Trigger) -> None:
+        if self.state.can(trigger):
+            self.state.fire(trigger)
+        else:
+            log.debug("state.ignored", trigger=trigger, state=self.state.state)
+
+    def _permission_pending_changed(self, pending: int) -> None:
+        self.fire("permission_pending" if pending else "permission_settled")
+
+    # -- frames ---------------------------------------------------------------------------------------
+    def hello(self) -> bytes:
+        stats = self.outbox.snapshot()
+        caps = [Capability(c, c in self.capabilities) for c in CAPABILITIES]
+        return encode(
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                driver_instance_id=self.boot.driver_instance_id,
+                epoch=self.epoch,
+                driver_version=__version__,
+                pid=os.getpid(),
+                runtime=self.boot.execution.runtime,
+                revision=self.boot.execution.revision,
+                session_kind=self.boot.session.kind,
+                capabilities=caps,
+                last_command_seq=self.journal.last_command_seq(),
+                outbox=OutboxSummary(stats.lossless_pending, stats.oldest_pending_seq),
+                started_at=self.started_at_iso,
+            )
+        )
+
+    def heartbeat(self) -> bytes:
+        s = self.outbox.snapshot()
+        state = self.state.state if self.state.state != "stopped" else "stopping"
+        return encode(
+            Heartbeat(
+                at=utc_now(),
+                state=state,  # type: ignore[arg-type]
+                run_id=self.run.run_id if self.run else None,
+                outbox=HeartbeatOutbox(
+                    lossless_pending=s.lossless_pending,
+                    best_effort_dropped=s.best_effort_dropped,
+                    in_flight=s.in_flight,
+                    oldest_pending_age_ms=s.oldest_pending_age_ms,
+                    retries=s.retries,
+                ),
+            )
+        )
+
+    async def on_welcome(self, welcome: Welcome) -> None:
+        pass
+
+    async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+        await self.commands.on_command(head, raw)
+
+    async def on_final_rejections(self, finals: list[FinalRejection]) -> None:
+        for f in finals:
+            log.error(
+                "event.rejected", event_id=f.event_id, kind=f.kind, code=f.rejection.code, message=f.rejection.message
+            )
+            if f.kind == "diagnostic.reported":
+                continue  # never loop on a diagnostic about a diagnostic
+            if f.kind == "host_tool.called":
+                self.host_tools.rejected(f.event_id)
+            await self.emit(
+                "diagnostic.reported",
+                {
+                    "code": "event.rejected",
+                    "severity": "error",
+                    "message": f"the control plane rejected {f.kind} {f.event_id}: {f.rejection.code}",
+                    "details": {"event_id": f.event_id, "kind": f.kind, "reason": f.rejection.message},
+                },
+            )
+
+    async def stop(self, *, reason: str, requested_by: str, drain: bool = True) -> None:
+        await self.lifecycle.stop(reason=reason, requested_by=requested_by, drain=drain)
+
+    # -- main ---------------------------------------------------------------------------------------
+    async def serve(self) -> int:
+        from driver.link import Link, LinkHooks
+
+        link = Link(
+            self.boot.control,
+            self.boot.driver_instance_id,
+            self.outbox,
+            LinkHooks(
+                hello=self.hello,
+                heartbeat=self.heartbeat,
+                on_welcome=self.on_welcome,
+                on_command=self.on_command,
+                on_final_rejections=self.on_final_rejections,
+            ),
+        )
+        self.link = link
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self.supervisor.bind(tg)
+            tg.start_soon(self.outbox.run)
+            await self.lifecycle.recover()
+            tg.start_soon(self.provider.boot)
+            tg.start_soon(self._watch_link, link)
+            tg.start_soon(self._watch_signals)
+            tg.start_soon(self.lifecycle.idle_exit)
+            await self.done.wait()
+            # Flush the journal and say goodbye before leaving.
+            with anyio.CancelScope(shield=True):
+                await self.outbox.flush()
+                with anyio.move_on_after(2):
+                    await link.close(1000, "driver exiting")
+            tg.cancel_scope.cancel()
+        self.journal.close()
+        return self.exit_status if self.exit_status is not None else 0
+
+    async def _watch_link(self, link: Any) -> None:
+        reaction: CloseReaction = await link.run()
+        log.warning("link.fatal", reason=reaction.reason, exit_status=reaction.exit_status)
+        if reaction.exit_status == 0:
+            await self.stop(reason=reaction.reason, requested_by="control_plane", drain=False)
+            return
+        # Fatal: stop providers and exit with the table's status; the journal keeps what is unsent.
+        self.stopping = True
+        with anyio.CancelScope(shield=True):
+            await self.supervisor.stop()
+        self.exit_status = reaction.exit_status
+        self.done.set()
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self.stopping:
+                    # Second signal: exit at once after flushing the journal.
+                    log.warning("driver.signal_exit", signal=signum)
+                    # No orphans: the provider groups go at once, not after their grace periods.
+                    self.supervisor.kill_now()
+                    with anyio.CancelScope(shield=True):
+                        await self.outbox.flush()
+                    self.exit_status = 128 + signum
+                    self.done.set()
+                    return
+                self.spawn(lambda: self.stop(reason="signal", requested_by="signal"))
+
+
+def _shrink(payload: dict[str, Any], budget: int = MAX_PAYLOAD_BYTES // 2) -> dict[str, Any]:
+    """Cut oversized string fields so an event fits a frame; says how much was cut."""
+    out: dict[str, Any] = {}
+    for key, value in payload.items():
+        if isinstance(value, str) and len(value) > budget // 4:
+            cut = len(value) - budget // 4
+            out[key] = value[: budget // 4] + f"…[truncated {cut} chars]"
+        else:
+            out[key] = value
+    return out

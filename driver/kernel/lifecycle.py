@@ -1,0 +1,176 @@
+"""The driver process's life around its runs: recovery after a restart, idle exit, stop and drain.
+
+Recovery (PROTOCOL §3, §4.1) makes a restart agree with what was journaled: a run that was active
+with no terminal journaled ends `run.failed{driver.restarted}`; a run whose terminal was journaled
+(receipted or not) gives its `input.start` the status that mirrors that terminal, never
+`driver.restarted`; every other command left open fails `driver.restarted`. Each of those statuses is
+admitted as a lossless `command.finished`, so it reaches the control plane even though no link is up.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from driver import logs
+from driver.kernel.runpath import STATUS_OF
+from driver.protocol.frames import CommandError
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.kernel.lifecycle")
+
+EXIT_DRAIN_INCOMPLETE = 70  # EX_SOFTWARE: distinct from 75 (superseded)
+RESTARTED = "the driver process died while this run was active"
+
+
+class Lifecycle:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+
+    # -- restart recovery ----------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """End runs a dead predecessor left active; settle the commands it left open."""
+        k = self.k
+        journal = k.journal
+        active = journal.active_runs()
+        for run_id, command_id in active:
+            event_id = await k.runs.emit_for_run(
+                run_id,
+                "run.failed",
+                {
+                    "error": {"code": "driver.restarted", "message": RESTARTED, "retryable": True, "details": None},
+                    "dropped_best_effort": 0,
+                },
+            )
+            k.outbox.watch(event_id)
+            stored = journal.command(command_id)
+            if stored is not None and stored.status not in ("completed", "failed", "cancelled"):
+                restarted = CommandError("driver.restarted", RESTARTED, True)
+                k.spawn(self._finish_after_receipt, event_id, stored, "failed", None, restarted)
+        in_active = {c for _, c in active}
+        for stored in journal.open_commands():
+            if stored.command_id in in_active:
+                continue
+            ended = journal.ended_run_of(stored.command_id)
+            if ended is not None:
+                # The terminal was journaled before the predecessor died: the command mirrors it, once
+                # that terminal has its receipt (it may still be in the outbox, to be resent).
+                status = STATUS_OF.get(ended.terminal, "failed")
+                result: dict[str, Any] | None = None
+                error: CommandError | None = None
+                if status == "failed":
+                    e = ended.error or {}
+                    error = CommandError(
+                        str(e.get("code") or "provider.failed"),
+                        str(e.get("message") or "the run failed"),
+                        bool(e.get("retryable", False)),
+                    )
+                else:
+                    result = {"run_id": ended.run_id, "terminal": ended.terminal, "recovered": True}
+                k.spawn(self._finish_after_run_receipt, ended.run_id, stored, status, result, error)
+                continue
+            await k.commands.finish(
+                stored.command_id,
+                stored.seq,
+                stored.fingerprint,
+                "failed",
+                error=CommandError("driver.restarted", "the driver restarted before this command completed", True),
+                kind=stored.kind,
+            )
+        await k.outbox.flush()
+
+    async def _finish_after_receipt(
+        self, event_id: str, stored: Any, status: Any, result: dict[str, Any] | None, error: CommandError | None
+    ) -> None:
+        await self.k.outbox.receipted(event_id)
+        await self.k.commands.finish(
+            stored.command_id, stored.seq, stored.fingerprint, status, result=result, error=error, kind=stored.kind
+        )
+
+    async def _finish_after_run_receipt(
+        self, run_id: str, stored: Any, status: Any, result: dict[str, Any] | None, error: CommandError | None
+    ) -> None:
+        k = self.k
+        event_id = k.outbox.pending_terminal_of(run_id)
+        if event_id is not None:
+            k.outbox.watch(event_id)
+            await k.outbox.receipted(event_id)
+        await k.commands.finish(
+            stored.command_id, stored.seq, stored.fingerprint, status, result=result, error=error, kind=stored.kind
+        )
+
+    # -- stop ---------------------------------------------------------------------------------------
+    async def stop(
+        self,
+        *,
+        reason: str,
+        requested_by: str,
+        command: tuple[str, int, str] | None = None,
+        drain: bool = True,
+    ) -> None:
+        """Cancel the active run, stop the provider, drain the outbox (bounded), then let serve() exit.
+
+        `drain=False` is for a CP that terminated the instance (4410): it will store nothing more, so
+        waiting for receipts would only delay the exit; the journal keeps what was not sent."""
+        k = self.k
+        if k.stopping:
+            if command is not None:
+                await k.done.wait()
+            return
+        k.stopping = True
+        k.fire("stop")
+        log.info("driver.stopping", reason=reason, outbox=k.outbox.describe())
+        run = k.run
+        if run is not None:
+            await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)
+            await run.ended.wait()
+        await k.supervisor.stop()
+        await k.outbox.flush()
+        drained = not drain  # nothing more can be delivered: what is journaled stays journaled
+        if drain:
+            with anyio.move_on_after(k.options.stop_drain_timeout_s):
+                await k.outbox.drained()
+                drained = True
+        if command is not None:
+            cid, seq, fp = command
+            if drained:
+                # The stop's own command.finished must be stored too before the process exits.
+                await k.commands.finish(cid, seq, fp, "completed", result={"reason": reason})
+                with anyio.move_on_after(k.options.stop_drain_timeout_s):
+                    await k.outbox.drained()
+            else:
+                await k.commands.finish(
+                    cid,
+                    seq,
+                    fp,
+                    "failed",
+                    error=CommandError(
+                        "driver.drain_timeout", f"{k.outbox.pending_count} events remain journaled", True
+                    ),
+                )
+        if drained:
+            k.exit_status = 0
+        else:
+            log.error("driver.drain_incomplete", remaining=k.outbox.pending_count)
+            k.exit_status = EXIT_DRAIN_INCOMPLETE
+        k.fire("stopped")
+        k.done.set()
+
+    async def idle_exit(self) -> None:
+        """Cattle only (PROTOCOL §7): exit after `idle_exit_ms` with no run. A pet never idles out."""
+        k = self.k
+        session = k.boot.session
+        if session.kind != "cattle" or session.idle_exit_ms is None:
+            return
+        limit = session.idle_exit_ms / 1000.0
+        while not k.stopping:
+            idle_for = time.monotonic() - k.last_activity
+            if k.run is None and idle_for >= limit:
+                log.info("driver.idle_exit", idle_ms=int(idle_for * 1000))
+                await self.stop(reason="idle", requested_by="driver")
+                return
+            await anyio.sleep(max(0.05, limit - idle_for if k.run is None else limit))

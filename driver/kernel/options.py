@@ -1,0 +1,54 @@
+"""The kernel's bounds (cancellation, stop, supervision, outbox), overridable from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver.supervision import (
+    CRASH_LOOP_LIMIT,
+    CRASH_LOOP_WINDOW_S,
+    RESTART_BACKOFF_BASE_S,
+    RESTART_BACKOFF_CAP_S,
+    options_from_env,
+)
+
+CANCEL_INTERRUPT_GRACE_S = 5.0
+CANCEL_TERM_GRACE_S = 3.0
+STOP_DRAIN_TIMEOUT_S = 30.0
+PROVIDER_START_TIMEOUT_S = 60.0
+PROVIDER_STOP_TIMEOUT_S = 10.0
+# A run whose provider emits nothing for this long (while no permission or host tool call waits on
+# the control plane) has a provider that stopped answering: run.failed provider.unresponsive.
+PROVIDER_SILENCE_TIMEOUT_S = 1800.0
+
+
+def project_root() -> Path:
+    """Where `node_modules` with the pinned provider runtimes lives."""
+    env = os.environ.get("AGENT_DRIVER_PROJECT_ROOT")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    cancel_interrupt_grace_s: float = CANCEL_INTERRUPT_GRACE_S
+    cancel_term_grace_s: float = CANCEL_TERM_GRACE_S
+    stop_drain_timeout_s: float = STOP_DRAIN_TIMEOUT_S
+    provider_start_timeout_s: float = PROVIDER_START_TIMEOUT_S
+    provider_stop_timeout_s: float = PROVIDER_STOP_TIMEOUT_S
+    provider_silence_timeout_s: float = PROVIDER_SILENCE_TIMEOUT_S  # 0: never
+    restart_backoff_base_s: float = RESTART_BACKOFF_BASE_S
+    restart_backoff_cap_s: float = RESTART_BACKOFF_CAP_S
+    crash_loop_limit: int = CRASH_LOOP_LIMIT
+    crash_loop_window_s: float = CRASH_LOOP_WINDOW_S
+    outbox_max_events: int = 100_000  # PROTOCOL §4.1's default bound on unreceipted lossless events
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:
+        """Defaults overridden by `AGENT_DRIVER_*` variables (driver.supervision.ENV_OPTIONS), so tests
+        and operators can shorten the bounds of a real driver process from outside."""
+        return cls(**options_from_env(environ))  # type: ignore[arg-type]

@@ -1,0 +1,261 @@
+"""The provider's room in the kernel: building adapters, the current native session, the transcript,
+provider deaths while idle, skills, and `session.reset` (PROTOCOL §7, §8).
+
+**The current native ref.** One ref (thread or session id) is current. It changes when the provider
+opens or resumes a session (`runtime.resume.updated`), when a resume fails and a fresh session is
+started (`runtime.session.reset`), and when `session.reset` discards the session. Every change is
+journaled under `state_dir`. Every adapter the supervisor builds (the first one, and each replacement
+after a crash, a forced cancel or the silence rule) is given the current ref to resume, never the boot
+payload's older one. A new driver process resumes the boot payload's `native_resume` when it names one
+(the control plane is the source of truth), else the journal's current ref.
+
+**The transcript.** The user and assistant messages completed in this session are journaled (the
+newest 64 KiB). When a resume is impossible the adapter starts fresh, reports `runtime.session.reset`
+and replays the boot payload's `recovery_messages` followed by the transcript. `session.reset` empties
+both: nothing from before a reset is ever replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+
+from driver import logs
+from driver.adapters.base import Adapter, AdapterConfig, ProviderError
+from driver.adapters.deferred import DeferredAdapter
+from driver.adapters.environment import provider_env
+from driver.protocol.boot import NativeResume, RecoveryMessage
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.kernel.provider")
+
+# After the provider process exits during a run, how long its adapter gets to report the crash
+# itself (with its own stderr tail) before the kernel ends the run for it.
+PROVIDER_EXIT_GRACE_S = 3.0
+CURRENT_REF_KEY = "native_ref"
+# Set once a session.reset discarded the session the boot payload's recovery messages belong to.
+RECOVERY_DISCARDED_KEY = "recovery_discarded"
+
+
+class ProviderRoom:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        journal = kernel.journal
+        boot_ref = kernel.boot.execution.native_resume
+        stored = _decode_ref(journal.text(CURRENT_REF_KEY))
+        self.current: NativeResume | None = boot_ref or stored
+        if boot_ref is not None and boot_ref != stored:
+            journal.set_text(CURRENT_REF_KEY, _encode_ref(boot_ref))
+        self.transcript: list[tuple[str, str]] = journal.transcript()
+        self.recovery_discarded = journal.text(RECOVERY_DISCARDED_KEY) == "1"
+        self.resetting = False
+        # Whether the adapter being started announced its session itself (else the kernel does).
+        self._announced = False
+        self._replay_without_ref = False
+
+    # -- building adapters ------------------------------------------------------------------------
+    def replay_messages(self) -> list[RecoveryMessage]:
+        """What a fresh session is given as context: boot recovery messages, then the transcript."""
+        boot = [] if self.recovery_discarded else list(self.k.boot.execution.recovery_messages)
+        return boot + [RecoveryMessage(role=role, text=text) for role, text in self.transcript]  # type: ignore[arg-type]
+
+    def new_adapter(self) -> Adapter:
+        k = self.k
+        boot = k.boot
+        provider_dir = Path(boot.session.state_dir) / "providers" / boot.execution.runtime
+        provider_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = provider_env(boot.execution.environment, home=str(provider_dir / "home"), traceparent=boot.traceparent)
+        (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
+        replay = self.replay_messages()
+        execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)
+        self._announced = False
+        # With no ref to resume, a session that has history starts fresh with that history replayed,
+        # and says so (runtime.session.reset with previous = null) once the new session is known.
+        self._replay_without_ref = self.current is None and bool(replay)
+        config = AdapterConfig(
+            session=boot.session,
+            execution=execution,
+            state_dir=provider_dir,
+            project_root=k.project_root,
+            traceparent=boot.traceparent,
+            env=env,
+        )
+        return DeferredAdapter(config, k.ports)
+
+    def on_ready(self) -> None:
+        """The supervisor started an adapter: make sure its session is announced and journaled."""
+        self.k.spawn(self._after_start, self.k.supervisor.adapter)
+
+    async def _after_start(self, adapter: Adapter) -> None:
+        ref = adapter.native_id
+        if ref is None:
+            return
+        runtime = self.k.boot.execution.runtime
+        if self._replay_without_ref:
+            self._replay_without_ref = False
+            await self.k.emit("runtime.session.reset", {"previous": None, "current": ref})
+        if not self._announced or self.current is None or self.current.value != ref:
+            await self.k.emit("runtime.resume.updated", {"runtime": runtime, "value": ref})
+
+    # -- events that move the current ref or the transcript (called from Kernel.emit) -------------
+    async def observe(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "runtime.resume.updated":
+            self._announced = True
+            value = payload.get("value")
+            if isinstance(value, str) and value:
+                await self._set_current(NativeResume(runtime=self.k.boot.execution.runtime, value=value))
+        elif kind == "runtime.session.reset":
+            current = payload.get("current")
+            if isinstance(current, str) and current:
+                await self._set_current(NativeResume(runtime=self.k.boot.execution.runtime, value=current))
+        elif kind == "message.completed" and payload.get("role") == "assistant":
+            text = payload.get("text")
+            if isinstance(text, str) and text:
+                await self._remember("assistant", text)
+
+    async def note_user_message(self, text: str) -> None:
+        if text:
+            await self._remember("user", text)
+
+    async def _remember(self, role: str, text: str) -> None:
+        journal = self.k.journal
+        await anyio.to_thread.run_sync(journal.transcript_append, role, text)
+        self.transcript = await anyio.to_thread.run_sync(journal.transcript)
+
+    async def _set_current(self, ref: NativeResume) -> None:
+        if ref == self.current:
+            return
+        self.current = ref
+        await anyio.to_thread.run_sync(self.k.journal.set_text, CURRENT_REF_KEY, _encode_ref(ref))
+        log.info("native_session.current", runtime=ref.runtime, value=ref.value)
+
+    # -- session.reset ----------------------------------------------------------------------------
+    async def reset_session(self) -> tuple[str | None, str | None]:
+        """Discard the native session and start a fresh one; a state of its own (PROTOCOL §3)."""
+        k = self.k
+        if k.run is not None:
+            raise ProviderError("driver.run_active", "a run is active; cancel it before a reset", retryable=True)
+        if self.resetting:
+            raise ProviderError("driver.busy", "a session.reset is already in progress", retryable=True)
+        self.resetting = True
+        try:
+            adapter = await k.supervisor.ready()
+            # A reset may respawn the provider process: that exit is ours, not a crash.
+            k.supervisor.unwatch()
+            try:
+                previous, current = await adapter.reset()
+            finally:
+                k.supervisor.rewatch()
+            # Nothing from before a reset is ever replayed.
+            journal = k.journal
+            await anyio.to_thread.run_sync(journal.transcript_clear)
+            await anyio.to_thread.run_sync(journal.set_text, RECOVERY_DISCARDED_KEY, "1")
+            self.transcript = []
+            self.recovery_discarded = True
+            await k.emit("runtime.session.reset", {"previous": previous, "current": current})
+            if current is not None:
+                await k.emit("runtime.resume.updated", {"runtime": k.boot.execution.runtime, "value": current})
+            elif self.current is not None:
+                self.current = None
+                await anyio.to_thread.run_sync(journal.set_text, CURRENT_REF_KEY, None)
+            return previous, current
+        finally:
+            self.resetting = False
+
+    # -- deaths and boot ---------------------------------------------------------------------------
+    async def provider_exited(self, adapter: Adapter) -> None:
+        """The provider process exited on its own. During a run, its adapter normally raises
+        provider.crashed (with its stderr tail) and the run path replaces it; if the adapter does not
+        notice within a grace period, the kernel ends the run for it. While idle: replace it."""
+        k = self.k
+        run = k.run
+        if run is not None and run.adapter is adapter:
+            if run.cancel_requested_by is None:
+                with anyio.move_on_after(PROVIDER_EXIT_GRACE_S):
+                    await run.ended.wait()
+                if not run.ended.is_set() and run.terminal is None:
+                    run.forced_error = ProviderError(
+                        "provider.crashed",
+                        "the provider process exited during the run",
+                        retryable=True,
+                        details={"stderr_tail": adapter.stderr_tail()},
+                    )
+                    run.scope.cancel()
+            await run.ended.wait()
+        else:
+            await k.emit(
+                "diagnostic.reported",
+                {
+                    "code": "provider.exited",
+                    "severity": "warning",
+                    "message": "the provider process exited while idle; restarting it",
+                    "details": {"stderr_tail": adapter.stderr_tail()},
+                },
+            )
+        # A no-op when the run path already replaced this adapter.
+        k.supervisor.lost(adapter, "the provider exited", crashed=True)
+
+    async def install_skills(self) -> None:
+        k = self.k
+        if not k.boot.execution.skills:
+            return
+        from driver.ports import skills  # zipfile and friends: only when there are skills to install
+
+        cwd = Path(k.boot.session.cwd)
+        for skill in k.boot.execution.skills:
+            try:
+                installed = await skills.install(skill, cwd)
+                log.info("skill.installed", name=skill.name, path=str(installed.path))
+            except skills.SkillError as exc:
+                await k.emit(
+                    "diagnostic.reported",
+                    {
+                        "code": "skill.failed",
+                        "severity": "warning",
+                        "message": f"skill {skill.name!r} was not installed: {exc}",
+                        "details": {"name": skill.name},
+                    },
+                )
+
+    async def boot(self) -> None:
+        """Install skills, start the provider, then report `driver.started`."""
+        k = self.k
+        await self.install_skills()
+        await k.supervisor.boot()
+        start_ms = k.supervisor.start_ms
+        timings = {
+            "boot_ms": round((time.monotonic() - k.started_monotonic) * 1000, 1),
+            "provider_start_ms": round(start_ms, 1) if start_ms is not None else None,
+        }
+        await k.emit(
+            "driver.started",
+            {
+                "epoch": k.epoch,
+                "revision": k.boot.execution.revision,
+                "runtime": k.boot.execution.runtime,
+                "capabilities": k.capability_list(),
+                "timings": timings,
+            },
+        )
+
+
+def _encode_ref(ref: NativeResume) -> str:
+    return json.dumps({"runtime": ref.runtime, "value": ref.value})
+
+
+def _decode_ref(text: str | None) -> NativeResume | None:
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return NativeResume(runtime=raw["runtime"], value=raw["value"])
+    except (ValueError, KeyError, TypeError):
+        log.warning("native_session.unreadable")
+        return None

@@ -1,0 +1,240 @@
+"""The run path: `input.start` to the run's one terminal event, and cancellation (PROTOCOL §3, §5).
+
+A run is a task in its own cancel scope. Its terminal is chosen once (`driver.runs.choose_terminal`:
+a cancel requested before the choice wins), admitted as a lossless event, and the run's `input.start`
+completes only when that terminal has a receipt, with a status that mirrors it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+
+from driver import logs
+from driver.adapters.base import Adapter, PathNotAllowed, ProviderError, TurnOutcome
+from driver.ports import artifacts
+from driver.protocol import commands as cmds
+from driver.protocol.events import EVENT_KINDS, validate_payload
+from driver.protocol.frames import CommandError
+from driver.queue.outbox import utc_now
+from driver.runs import Run, choose_terminal, declined_tool_events
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.kernel.runs")
+
+STATUS_OF: dict[str, Literal["completed", "failed", "cancelled"]] = {
+    "run.completed": "completed",
+    "run.failed": "failed",
+    "run.cancelled": "cancelled",
+}
+
+
+def summary(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class RunPath:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+
+    async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
+        """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
+        spec = EVENT_KINDS[kind]
+        return await self.k.outbox.admit(kind, validate_payload(kind, payload), spec.delivery, run_id)
+
+    async def input_start(self, command: cmds.InputStart, fp: str) -> None:
+        k = self.k
+        cid, seq = command.command_id, command.seq
+        if k.run is not None:
+            await k.commands.finish(
+                cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
+            )
+            return
+        if k.provider.resetting:
+            await k.commands.finish(
+                cid, seq, fp, "failed", error=CommandError("driver.busy", "a session.reset is in progress", True)
+            )
+            return
+        run = Run(command.run_id, cid)
+        k.run = run
+        k.fire("run_started")
+        await anyio.to_thread.run_sync(k.journal.run_started, run.run_id, cid, utc_now())
+        await k.emit(
+            "run.started",
+            {"run_id": run.run_id, "revision": k.boot.execution.revision, "input_summary": summary(command.input.text)},
+        )
+        await k.provider.note_user_message(command.input.text)
+        outcome: TurnOutcome | None = None
+        error: ProviderError | None = None
+        cwd = Path(k.boot.session.cwd)
+        outputs_before = await anyio.to_thread.run_sync(artifacts.snapshot_outputs, cwd)
+        with run.scope:
+            try:
+                run_input = await self.prepare_input(command.input)
+                adapter = await k.supervisor.ready()
+                run.adapter = adapter
+                run.last_activity = time.monotonic()
+                silence = anyio.CancelScope()
+                k.spawn(self.watch_silence, run, adapter, silence)
+                try:
+                    outcome = await adapter.run(run.run_id, run_input)
+                finally:
+                    silence.cancel()
+            except ProviderError as exc:
+                error = exc
+            except Exception as exc:
+                log.exception("run.adapter_error", run_id=run.run_id)
+                error = ProviderError("driver.internal", f"{type(exc).__name__}: {exc}")
+        await self.report_artifacts(cwd, outputs_before)
+        if outcome is None and error is None and run.forced_error is not None:
+            error = run.forced_error
+        if error is not None and error.code == "provider.crashed" and run.adapter is not None:
+            error.details.setdefault("stderr_tail", run.adapter.stderr_tail())
+        terminal_id = await self.end_run(run, outcome, error)
+        status = STATUS_OF[run.terminal or "run.failed"]
+        k.outbox.watch(terminal_id)
+        k.run = None
+        k.fire("run_ended")
+        attempt = k.supervisor.attempt
+        if not attempt.done.is_set() or attempt.error is not None:
+            # The provider is being replaced (or failed to start): say "starting", not "ready".
+            k.fire("provider_lost")
+        run.ended.set()
+        k.touch()
+        if run.adapter is not None:
+            if run.cancel_requested_by is not None and run.cancel_phase in ("terminate", "kill"):
+                # We killed it (its adapter may call that a crash): restart for the next run, not a crash.
+                reason = f"cancel reached {run.cancel_phase} in run {run.run_id}"
+                k.supervisor.lost(run.adapter, reason, crashed=False)
+            elif error is not None and error.code in ("provider.crashed", "provider.unresponsive"):
+                k.supervisor.lost(run.adapter, f"{error.code} in run {run.run_id}", crashed=True)
+        await k.outbox.receipted(terminal_id)
+        run.receipted.set()
+        result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
+        if status == "failed":
+            err = error or ProviderError("provider.failed", "the run failed")
+            if outcome is not None and outcome.status == "failed":
+                err = ProviderError(outcome.error_code or "provider.failed", outcome.error_message or "the run failed")
+            await k.commands.finish(cid, seq, fp, "failed", error=CommandError(err.code, err.message, err.retryable))
+        else:
+            await k.commands.finish(cid, seq, fp, status, result=result)
+
+    async def watch_silence(self, run: Run, adapter: Adapter, scope: anyio.CancelScope) -> None:
+        """End the run as provider.unresponsive when its provider goes quiet for too long. Time spent
+        waiting on the control plane (a pending permission or host tool call) does not count."""
+        k = self.k
+        limit = k.options.provider_silence_timeout_s
+        if limit <= 0:
+            return
+        with scope:
+            while True:
+                if k.permissions.pending_count or k.host_tools.pending_count or run.cancel_requested_by:
+                    run.last_activity = time.monotonic()
+                quiet = time.monotonic() - run.last_activity
+                if quiet >= limit:
+                    break
+                await anyio.sleep(min(limit - quiet, 1.0) + 0.01)
+        if scope.cancel_called:
+            return
+        log.error("run.provider_unresponsive", run_id=run.run_id, silent_s=round(quiet, 1))
+        run.forced_error = ProviderError(
+            "provider.unresponsive",
+            f"the provider sent nothing for {limit:g} s during the run",
+            retryable=True,
+            details={"stderr_tail": adapter.stderr_tail()},
+        )
+        run.scope.cancel()
+
+    async def end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
+        """Choose the run's one terminal (driver.runs) and admit it. A cancel requested before this
+        point wins."""
+        k = self.k
+        for kind, payload in declined_tool_events(run, k.permissions.rejected_tool_calls):
+            await k.emit(kind, payload)
+        k.permissions.rejected_tool_calls.clear()
+        await k.host_tools.cancel_run(run.run_id)
+        kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id))
+        run.terminal = kind
+        event_id = await self.emit_for_run(run.run_id, kind, payload)
+        k.outbox.best_effort.forget_run(run.run_id)
+        return event_id
+
+    async def cancel_run(self, run: Run, *, requested_by: str, reason: str) -> None:
+        """PROTOCOL §5: cancel permissions, interrupt, then SIGTERM and SIGKILL the provider if needed."""
+        if run.terminal is not None or run.cancel_requested_by is not None:
+            return
+        run.cancel_requested_by = requested_by
+        run.cancel_reason = reason
+        self.k.permissions.cancel_all()
+        self.k.spawn(self.escalate, run)
+
+    async def escalate(self, run: Run) -> None:
+        opts = self.k.options
+        adapter = run.adapter
+        if adapter is None:
+            # The run is still waiting for its provider to (re)start: nothing to interrupt or signal
+            # (the provider being started belongs to the next run), so end it now.
+            run.scope.cancel()
+            return
+        # One deadline for asking and for waiting: a cancel() that hangs does not buy more time.
+        deadline = anyio.current_time() + opts.cancel_interrupt_grace_s
+        try:
+            with anyio.move_on_after(opts.cancel_interrupt_grace_s):
+                await adapter.cancel()
+        except Exception as exc:
+            log.warning("cancel.interrupt_failed", error=str(exc))
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            await run.ended.wait()
+            return
+        run.cancel_phase = "terminate"
+        self.signal_provider(run, signal.SIGTERM)
+        with anyio.move_on_after(opts.cancel_term_grace_s):
+            await run.ended.wait()
+            return
+        run.cancel_phase = "kill"
+        self.signal_provider(run, signal.SIGKILL)
+        with anyio.move_on_after(1.0):
+            await run.ended.wait()
+            return
+        # The adapter did not return even with its provider dead: end the run without it.
+        run.scope.cancel()
+
+    def signal_provider(self, run: Run, sig: int) -> None:
+        k = self.k
+        adapter = run.adapter or k.adapter
+        for pgid in k.supervisor.signal(adapter, sig):
+            if pgid not in run.signalled_groups:
+                run.signalled_groups.append(pgid)
+        log.warning("cancel.signalled", run_id=run.run_id, signal=sig, groups=run.signalled_groups)
+
+    async def prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
+        """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
+        the one channel every runtime reads)."""
+        if not run_input.attachments:
+            return run_input
+        k = self.k
+        cwd = Path(k.boot.session.cwd)
+        try:
+            for att in run_input.attachments:
+                k.files.admit(artifacts.attachment_path(cwd, att.name))
+            saved = await artifacts.download_attachments(cwd, run_input.attachments)
+        except (artifacts.AttachmentError, PathNotAllowed) as exc:
+            raise ProviderError("input.attachment_invalid", str(exc)) from None
+        listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
+        return cmds.RunInput(text=f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]")
+
+    async def report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
+        try:
+            changed = await anyio.to_thread.run_sync(artifacts.changed_outputs, cwd, before)
+        except OSError as exc:
+            log.warning("artifacts.scan_failed", error=str(exc))
+            return
+        for rel, size, digest in changed:
+            await self.k.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
