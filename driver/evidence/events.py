@@ -90,6 +90,7 @@ async def flood_sigkill(rig: Rig, base: Path) -> Case:
     rig.start("acp", box, name="driver2", acp_command=cmd, acp_env=env)
     await rig.started(instance, epoch=2)
     term = await rig.terminal(instance, "run-flood", timeout=60)
+    drained = await rig.settle(instance, timeout=60)
     acc = _history(rig, instance)
     stored_steps = len(checks.flood_steps(rig.cp.events(instance, run_id="run-flood")))
     measured = {
@@ -98,6 +99,7 @@ async def flood_sigkill(rig: Rig, base: Path) -> Case:
         "steps_stored": stored_steps,
         "lost_unjournaled": max(0, emitted - stored_steps),
         "run": checks.run_outcome(term),
+        "outbox_drained": drained,
     }
     failures = acc.failures()
     if measured["run"] != "run.failed{driver.restarted}":
@@ -148,10 +150,13 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
     for name, done, step in steps:
         try:
             measured = await step()
+            measured["outbox_drained"] = await rig.settle(instance)
             acc = _history(rig, instance)
             failures = acc.failures()
             if measured.get("run") not in (None, "run.completed"):
                 failures.append(f"the run ended {measured['run']}")
+            if not measured["outbox_drained"]:
+                failures.append("the driver's outbox did not drain within 30 s")
             if measured.get("runs_started", 1) != 1:
                 failures.append(f"a replayed command started {measured['runs_started']} runs")
             claim.cases.append(judged(name, {**measured, **acc.measured()}, failures, done))

@@ -90,9 +90,10 @@ async def after_turn(rig: Rig, runtime: str, instance: str, word: str) -> dict[s
     before = len(rig.fakes.requests(runtime))
     probe = "after-" + secrets.token_hex(4)
     term = await rig.turn(instance, "run-after", f"[[say:back]] {probe}")
+    drained = await rig.settle(instance)
     asked = [r for r in rig.fakes.requests(runtime)[before:] if probe in str(r)]
     earlier = any(word in str(r) for r in asked) if asked else None
-    return {"next_turn": checks.run_outcome(term), "earlier_in_next_request": earlier}
+    return {"next_turn": checks.run_outcome(term), "earlier_in_next_request": earlier, "outbox_drained": drained}
 
 
 def _measure(
@@ -111,6 +112,7 @@ def _measure(
         "run_in_flight": checks.run_outcome(hit[0] if hit else None),
         "native_session": checks.native_session(bool(resets), after["earlier_in_next_request"]),
         "next_turn": after["next_turn"],
+        "outbox_drained": after["outbox_drained"],
         "files_kept": (box_after.cwd / "evidence-kept.txt").exists(),
         "memory_kept": None if memory is None else (memory / "evidence-memory.txt").exists(),
         "_failures": acc.failures(),
@@ -119,6 +121,8 @@ def _measure(
 
 def _case(name: str, measured: dict[str, Any], done: str) -> Case:
     failures = measured.pop("_failures") + checks.judge_resume(measured, EXPECTED[name])
+    if measured.get("outbox_drained") is False:
+        failures.append("the driver's outbox did not drain within 30 s")
     if measured.get("next_turn") != "run.completed":
         failures.append(f"the turn after the failure ended {measured.get('next_turn')}")
     return judged(name, {k: v for k, v in measured.items() if v is not None}, failures, done)

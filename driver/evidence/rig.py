@@ -343,6 +343,20 @@ class Rig:
     async def event(self, instance: str, pred: Callable[[Event], bool], timeout: float = 60.0) -> Event:
         return await self.cp.wait_for_event(instance, pred, timeout=timeout)
 
+    async def settle(self, instance: str, timeout: float = 30.0) -> bool:
+        """Wait for a heartbeat saying the driver's outbox is empty (every lossless event it admitted
+        has its receipt): only then is "received but not stored" a loss rather than a retry on its
+        way. False when it did not drain within `timeout` (the accounting then shows what is missing)."""
+        try:
+            await self.cp.wait_for(
+                instance,
+                lambda i: i["type"] == "heartbeat" and i["outbox"]["lossless_pending"] == 0,
+                timeout=timeout,
+            )
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
         for d in self.drivers:
             await d.stop()
