@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claim", action="append", choices=CLAIMS, help="repeatable; default: all five")
     parser.add_argument("--quick", action="store_true", help="fewer runs (startup 5, cancels 3): the CI mode")
     parser.add_argument("--runs", type=int, default=None, help="startup runs per mode (default 30, --quick 5)")
+    parser.add_argument(
+        "--bench",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the performance benchmarks of bench/ (default: on, off with --quick)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
 
@@ -65,6 +71,11 @@ async def run(args: argparse.Namespace) -> Report:
                     f"  {name} / {runtime}: {claim.verdict} ({time.monotonic() - t:.0f} s)", file=sys.stderr, flush=True
                 )
                 await anyio.lowlevel.checkpoint()
+    if args.bench if args.bench is not None else not args.quick:
+        from driver.evidence import performance
+
+        print("  performance goals (bench/) ...", file=sys.stderr, flush=True)
+        report.performance = await anyio.to_thread.run_sync(performance.collect)
     report.elapsed_s = time.monotonic() - t0
     return report
 

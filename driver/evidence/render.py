@@ -44,16 +44,14 @@ def markdown(report: Report) -> str:
         lines += [""] + [f"- {_value(n)}" for n in claim.get("notes", [])] + [""]
     if data["performance"]:
         lines += [
-            "## Performance goals (same run)",
+            "## Performance goals (bench/, same machine, same run)",
             "",
-            "| goal | measured | baseline | ratio | met |",
-            "| --- | --- | --- | --- | --- |",
+            "| bench | goal | met | measured |",
+            "| --- | --- | --- | --- |",
         ]
         for p in data["performance"]:
-            lines.append(
-                f"| {_value(p.get('goal'))} | {_value(p.get('measured'))} | {_value(p.get('baseline'))} | "
-                f"{_value(p.get('ratio'))} | {_value(p.get('met'))} |"
-            )
+            met = "met" if p.get("met") else "**NOT met**"
+            lines.append(f"| {p.get('bench')} | {_value(p.get('goal'))} | {met} | {_value(p.get('measured'))} |")
         lines.append("")
     if data["not_measured"]:
         lines += ["## Not measured", ""] + [f"- {_value(n)}" for n in data["not_measured"]] + [""]

@@ -181,3 +181,14 @@ def test_percentiles_are_nearest_rank() -> None:
     assert checks.summary_ms(values) == {"n": 100, "p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0}
     assert checks.summary_ms([])["p50_ms"] is None
     assert checks.percentile([3.0], 99) == 3.0
+
+
+def test_bench_goal_lines_reach_the_report() -> None:
+    from driver.evidence.performance import parse
+
+    out = 'table\n  goal x: NOT met (2 x)\nBENCH-GOAL {"goal": "x", "met": false, "measured": "2 x"}\n'
+    goals = parse(out, "cold_start")
+    assert goals == [{"bench": "cold_start", "goal": "x", "met": False, "measured": "2 x"}]
+    rep = Report(True, {}, [Claim("startup", "acp", [judged("a", {}, [])])], performance=goals)
+    assert "| cold_start | x | **NOT met** | 2 x |" in markdown(rep)
+    assert rep.as_json()["performance"] == goals
