@@ -12,7 +12,7 @@ from typing import Any
 
 from driver.evidence.rig import project_root
 
-BENCHES = (("cold_start", []), ("event_path", []), ("backlog_rss", []))
+BENCHES: tuple[tuple[str, list[str]], ...] = (("cold_start", []), ("event_path", []), ("backlog_rss", []))
 PREFIX = "BENCH-GOAL "
 
 
