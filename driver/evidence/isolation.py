@@ -69,15 +69,17 @@ async def credential(rig: Rig, runtime: str, box: Sandbox, driver_pid: int, boot
         [rig.cp.command_updates(c["command_id"]) for c in rig.cp.commands(box.instance)]
     )
     findings = checks.token_findings(places, rig.token)
+    probe_findings = {p: v for p, v in findings.items() if p.startswith("agent tool read")}
+    passive = {p: v for p, v in findings.items() if p not in probe_findings}
+    uid_file = out_dir / "uid.txt"
+    probe_uid = int(uid_file.read_text()) if uid_file.exists() else None
     ran = all(v != "did not run" for v in tried.values())
-    failures = checks.judge_token(findings) + ([] if ran else ["the probe tool did not run"])
-    summary = {
-        "children_checked": len(children),
-        "places_checked": len(findings),
-        "token_found_in": sorted(p for p, v in findings.items() if v == "FOUND"),
-        "agent_tool_tried": tried,
-        "probe_run": checks.run_outcome(term),
-    }
+    probe_failures = checks.judge_token(probe_findings) + ([] if ran else ["the probe tool did not run"])
+    if probe_failures and probe_uid == 0:
+        probe_failures.append(
+            "the tool ran as root: CAP_SYS_PTRACE reads any process's memory, which no driver setting "
+            "(PR_SET_DUMPABLE included) prevents; run the sandbox as a non-root user"
+        )
     uids = {
         "driver_uid": proc_info(driver_pid)["uid"],
         "provider_uids": sorted({c["uid"] for c in children if c["uid"] is not None}),
@@ -86,12 +88,27 @@ async def credential(rig: Rig, runtime: str, box: Sandbox, driver_pid: int, boot
     return [
         judged("identity", uids, [], "uids read from /proc while a tool ran"),
         judged(
-            "credential: control token",
-            summary,
-            failures,
-            "environ/argv of every process under the driver while a tool ran; every file under cwd and state_dir; "
-            "the driver's log; stored events and command updates; an agent tool reading /proc/<driver>/environ, "
-            "cmdline, mem and the boot file path",
+            "credential: children, files, logs, events",
+            {
+                "children_checked": len(children),
+                "places_checked": len(passive),
+                "token_found_in": sorted(p for p, v in passive.items() if v == "FOUND"),
+            },
+            checks.judge_token(passive),
+            "environ and argv of every process under the driver while a tool ran; every file under cwd and "
+            "state_dir; the driver's log; stored events and command updates",
+        ),
+        judged(
+            "credential: an agent tool reads the driver",
+            {
+                "tool_uid": probe_uid,
+                "tried": tried,
+                "token_found_in": sorted(p for p, v in probe_findings.items() if v == "FOUND"),
+                "probe_run": checks.run_outcome(term),
+            },
+            probe_failures,
+            "a shell tool (python -m driver.evidence.probe) reads /proc/<driver>/environ, cmdline, mem (readable "
+            "regions of maps) and the boot file path; its copies are searched for the token",
         ),
     ]
 
@@ -147,7 +164,7 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
         await rig.started(instance)
         claim.cases += await credential(rig, runtime, box, d.pid, d.boot_file)
     except Exception as exc:
-        claim.cases.append(Case("credential: control token", "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+        claim.cases.append(Case("credential", "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
     if runtime == "acp":
         try:
             claim.cases.append(await files(rig, rig.root))

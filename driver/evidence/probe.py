@@ -8,6 +8,7 @@ evidence command searches the copies for the token afterwards.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def _memory(pid: str) -> bytes:
 def main(argv: list[str]) -> int:
     pid, boot, out = argv[0], argv[1], Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
+    (out / "uid.txt").write_text(str(os.getuid()))
     _save(out, "environ", lambda: Path(f"/proc/{pid}/environ").read_bytes())
     _save(out, "cmdline", lambda: Path(f"/proc/{pid}/cmdline").read_bytes())
     _save(out, "mem", lambda: _memory(pid))
