@@ -5,10 +5,12 @@ BIN := $(VENV)/bin
 STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_DEB := $(VENV)/.debian
+STAMP_SYSPY := $(VENV)/.system-python
+NODE := node_modules/.bin/node
 
-.PHONY: setup run test test-fast test-provider lint bench evidence clean
+.PHONY: setup run test test-fast test-provider test-image lint bench evidence clean
 
-setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB)
+setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB) $(STAMP_SYSPY)
 
 $(STAMP_PY): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,13 +18,23 @@ $(STAMP_PY): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-$(STAMP_NPM): package.json
+# The pinned Node comes from npm too (package `node`); the check refuses a Node that a runtime's
+# `engines` rejects, or a runtime installed at another version than pinned, naming what is wrong.
+$(STAMP_NPM): package.json package-lock.json scripts/check-runtimes.mjs
+	@command -v npm >/dev/null || { echo "make setup: npm is needed to install the pinned runtimes (Debian: apt-get install npm)" >&2; exit 1; }
 	npm install --no-audit --no-fund --loglevel=error
+	@test -x $(NODE) || { echo "make setup: the pinned Node did not install ($(NODE) is missing); see package.json" >&2; exit 1; }
+	$(NODE) scripts/check-runtimes.mjs
 	touch $@
 
 # bubblewrap: codex-acp sandboxes commands with bwrap.
 $(STAMP_DEB): | $(STAMP_PY)
 	command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	touch $@
+
+# The image smoke test (tests/image/) makes its venv from Debian's own python3, as the image does.
+$(STAMP_SYSPY): | $(STAMP_PY)
+	test -x /usr/bin/python3 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null; }
 	touch $@
 
 run: setup
@@ -36,10 +48,13 @@ test: setup lint
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not provider and not faults"
+	$(BIN)/pytest -q -m "not provider and not faults and not image"
 
 test-provider: setup
 	$(BIN)/pytest -q -m provider
+
+test-image: setup
+	$(BIN)/pytest -q -m image
 
 bench: setup
 	$(BIN)/python -m bench

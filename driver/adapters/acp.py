@@ -112,7 +112,14 @@ class AcpAdapter(Adapter):
 
     def _env(self) -> dict[str, str]:
         acp = self.config.execution.acp
-        return {**self.config.env, **(acp.env if acp else {})}
+        env = {**self.config.env, **(acp.env if acp else {})}
+        # The pinned runtimes' bin dir (with the pinned `node`) goes first, so an agent script's
+        # `#!/usr/bin/env node`, and any node it starts, runs on the Node whose version was checked
+        # against its `engines`, not on whatever Node the machine has.
+        pinned = self.config.project_root / "node_modules" / ".bin"
+        if pinned.is_dir():
+            env["PATH"] = os.pathsep.join([str(pinned), env.get("PATH", os.defpath)])
+        return env
 
     def _argv(self, env: dict[str, str]) -> list[str]:
         acp = self.config.execution.acp
@@ -124,10 +131,7 @@ class AcpAdapter(Adapter):
             # A relative path is relative to the project (where node_modules lives), not to cwd.
             argv[0] = str(Path(exe) if os.path.isabs(exe) else self.config.project_root / exe)
         else:
-            search = os.pathsep.join(
-                [env.get("PATH", os.defpath), str(self.config.project_root / "node_modules" / ".bin")]
-            )
-            found = shutil.which(exe, path=search)
+            found = shutil.which(exe, path=env.get("PATH", os.defpath))
             if found is None:
                 raise ProviderError("provider.missing", f"acp agent executable not found: {exe}")
             argv[0] = found

@@ -14,9 +14,14 @@ agent-driver controlplane send --url http://127.0.0.1:8766 --token-file cp.token
     id is generated when none is given.
 
 agent-driver controlplane events   --url ... --token-file ... --instance ID [--after-seq N] [--kind K]
+                          [--wait SECONDS]
+    With --wait: when nothing matches yet, wait up to SECONDS for a match (exit 1 if none came).
 agent-driver controlplane commands --url ... --token-file ... --instance ID
 agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
 agent-driver controlplane terminate --url ... --token-file ... --instance ID
+agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
+    Mint a one-time boot payload (mode 0600) pointing at the running control plane, with its token.
+    See `agent-driver controlplane boot --help` and driver/controlplane/boot.py.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "boot":
+        from driver.controlplane.boot import main as boot_main
+
+        return boot_main(argv[1:])
     if argv and argv[0] in CLIENT_COMMANDS:
         return _client(argv[0], argv[1:])
     if argv and argv[0] == "serve":
@@ -69,7 +78,7 @@ def _serve(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="agent-driver controlplane",
         description="Run the reference control plane.",
-        epilog="client commands (each with --help): " + ", ".join(CLIENT_COMMANDS),
+        epilog="client commands (each with --help): " + ", ".join((*CLIENT_COMMANDS, "boot")),
     )
     p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
     p.add_argument("--token-file", required=True, type=Path)
@@ -136,6 +145,7 @@ def _client(command: str, argv: list[str]) -> int:
     elif command == "events":
         p.add_argument("--after-seq", type=int)
         p.add_argument("--kind", action="append")
+        p.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for a matching event")
     elif command == "faults":
         p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
         p.add_argument("--reset", action="store_true")
@@ -158,8 +168,15 @@ def _client(command: str, argv: list[str]) -> int:
         query: list[tuple[str, str]] = [("kind", k) for k in args.kind or []]
         if args.after_seq is not None:
             query.append(("after_seq", str(args.after_seq)))
+        if args.wait is not None:
+            query.append(("wait_ms", str(round(args.wait * 1000))))
         suffix = "?" + urllib.parse.urlencode(query) if query else ""
-        return _show(_call(base, token, "GET", prefix + "/events" + suffix))
+        status, answer = _call(base, token, "GET", prefix + "/events" + suffix, timeout=30 + (args.wait or 0))
+        if args.wait is not None and status == 200 and not answer.get("events"):
+            print(json.dumps(answer, indent=2))
+            print(f"no matching event within {args.wait:g} s", file=sys.stderr)
+            return 1
+        return _show((status, answer))
     if command == "commands":
         return _show(_call(base, token, "GET", prefix + "/commands"))
     return _show(_call(base, token, "POST", prefix + "/terminate", {}))
@@ -195,14 +212,16 @@ def _command_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _call(base: str, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _call(
+    base: str, token: str, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")

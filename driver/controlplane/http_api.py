@@ -7,10 +7,11 @@ nothing else. Every route except `/api/health` needs the same bearer token as th
 
 Routes:
     GET  /api/health
-    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat
+    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat, driver_url
     POST /api/instances/{id}/commands          {"kind": ..., "command_id"?: ..., ...fields} -> {command_id, seq}
     GET  /api/instances/{id}/commands
-    GET  /api/instances/{id}/events?after_seq=N&kind=K&run_id=R&limit=L
+    GET  /api/instances/{id}/events?after_seq=N&kind=K&run_id=R&limit=L&wait_ms=W
+                                               wait_ms: when nothing matches yet, wait up to W ms for a match
     POST /api/instances/{id}/terminate         close the link with 4410 and refuse it from now on
     POST /api/instances/{id}/close             {"code": 1011, "reason": "..."}
     GET  /api/faults
@@ -40,6 +41,8 @@ log = structlog.get_logger("agent_driver.controlplane.http")
 MAX_BODY = 1024 * 1024
 MAX_HEAD = 64 * 1024
 DEFAULT_EVENT_LIMIT = 1000
+MAX_WAIT_MS = 600_000
+READ_TIMEOUT_S = 30
 
 Answer = tuple[int, Any]
 
@@ -64,7 +67,7 @@ class HttpApi:
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                status, body = await asyncio.wait_for(self._read_and_dispatch(reader), timeout=30)
+                status, body = await self._read_and_dispatch(reader)
             except HttpError as exc:
                 status, body = exc.status, {"error": exc.message}
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
@@ -85,6 +88,12 @@ class HttpApi:
                 await writer.wait_closed()
 
     async def _read_and_dispatch(self, reader: asyncio.StreamReader) -> Answer:
+        # The time limit is for reading the request; answering may take longer (events?wait_ms=).
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            method, target, headers, body = await self._read(reader)
+        return await self.dispatch(method.upper(), target, headers.get("authorization"), body)
+
+    async def _read(self, reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, target, _version = lines[0].split(" ", 2)
@@ -97,7 +106,7 @@ class HttpApi:
         if length > MAX_BODY:
             raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body over 1 MiB")
         body = await reader.readexactly(length) if length else b""
-        return await self.dispatch(method.upper(), target, headers.get("authorization"), body)
+        return method, target, headers, body
 
     async def dispatch(self, method: str, target: str, authorization: str | None, body: bytes) -> Answer:
         """Route one request; returns (status, JSON-able body). Raises HttpError for failures."""
@@ -133,7 +142,7 @@ class HttpApi:
         if route == ("GET", "commands"):
             return HTTPStatus.OK, {"commands": self.cp.commands(instance_id)}
         if route == ("GET", "events"):
-            return HTTPStatus.OK, self._events(instance_id, query)
+            return HTTPStatus.OK, await self._events(instance_id, query)
         if route == ("POST", "terminate"):
             await self.cp.terminate(instance_id)
             return HTTPStatus.OK, {"terminated": True}
@@ -154,6 +163,7 @@ class HttpApi:
             "hello": self.cp.hello(instance_id),
             "last_heartbeat": self.cp.last_heartbeat(instance_id),
             "events_stored": self.cp.store.count_events(instance_id),
+            "driver_url": self.cp.url,  # what a boot payload's control.url should say (`controlplane boot`)
         }
 
     async def _post_command(self, instance_id: str, args: dict[str, Any]) -> Answer:
@@ -172,16 +182,30 @@ class HttpApi:
             raise HttpError(HTTPStatus.CONFLICT, str(exc)) from None
         return HTTPStatus.CREATED, {"command_id": command_id, "seq": seq, "sent": self.cp.connected(instance_id)}
 
-    def _events(self, instance_id: str, query: dict[str, list[str]]) -> dict[str, Any]:
+    async def _events(self, instance_id: str, query: dict[str, list[str]]) -> dict[str, Any]:
         try:
             after_seq = int(query["after_seq"][0]) if "after_seq" in query else None
             limit = int(query["limit"][0]) if "limit" in query else DEFAULT_EVENT_LIMIT
+            wait_ms = int(query["wait_ms"][0]) if "wait_ms" in query else 0
         except ValueError:
-            raise HttpError(HTTPStatus.BAD_REQUEST, "after_seq and limit must be integers") from None
+            raise HttpError(HTTPStatus.BAD_REQUEST, "after_seq, limit and wait_ms must be integers") from None
+        if not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise HttpError(HTTPStatus.BAD_REQUEST, f"wait_ms must be between 0 and {MAX_WAIT_MS}")
         kinds = query.get("kind")
         run_id = query.get("run_id", [None])[0]
-        events = self.cp.store.events(instance_id, kinds=kinds, run_id=run_id, after_seq=after_seq, limit=limit)
-        return {"events": events, "last_seq": events[-1]["seq"] if events else after_seq}
+        found: list[dict[str, Any]] = []
+
+        def matched() -> bool:
+            if self.cp.stopping:  # answer what there is: a stopping server must not wait on its clients
+                return True
+            found[:] = self.cp.store.events(instance_id, kinds=kinds, run_id=run_id, after_seq=after_seq, limit=limit)
+            return bool(found)
+
+        # A long poll: a client waiting for a run's end asks once instead of polling in a loop.
+        if not matched() and wait_ms > 0:
+            with contextlib.suppress(TimeoutError):
+                await self.cp.wait_until(matched, wait_ms / 1000)
+        return {"events": found, "last_seq": found[-1]["seq"] if found else after_seq}
 
     def _set_faults(self, args: dict[str, Any]) -> Answer:
         try:

@@ -131,6 +131,7 @@ class ControlPlane:
         self._live = Broker()
         self._server: Server | None = None
         self._http: asyncio.Server | None = None
+        self.stopping = False  # set while stop() runs: ends the HTTP API's long polls (events?wait_ms=)
         self._writer: GroupWriter | None = None
         self._reader: Store | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -151,6 +152,7 @@ class ControlPlane:
         """Open the store and listen. After a `stop()`, listens again on the same ports."""
         from driver.controlplane.http_api import start_http_api
 
+        self.stopping = False
         self._writer = GroupWriter(self.db_path)
         await self._writer.start()
         if self._reader is None:
@@ -177,6 +179,8 @@ class ControlPlane:
 
     async def stop(self, close_code: int = 1001) -> None:
         """Close every link with `close_code` (1001 going away, 1012 restart), then stop listening."""
+        self.stopping = True
+        self._live.changed()
         await asyncio.gather(
             *(self._close(link.ws, close_code, "control plane stopping") for link in list(self._links.values()))
         )

@@ -27,7 +27,8 @@ import msgspec
 from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
-from driver.queue.journal import RUN_TERMINAL_KINDS, SEQ_BLOCK, Journal
+from driver.queue.journal import Journal
+from driver.queue.schema import RUN_TERMINAL_KINDS, SEQ_BLOCK
 
 log = logging.getLogger("driver.outbox")
 

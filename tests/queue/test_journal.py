@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from driver.queue.journal import COMMANDS_KEPT, SEQ_BLOCK, Journal, JournaledEvent
+from driver.queue.journal import Journal, JournaledEvent
+from driver.queue.schema import COMMANDS_KEPT, SEQ_BLOCK
 
 
 @pytest.fixture
@@ -228,3 +231,62 @@ def test_committed_events_survive_a_sigkill(path: Path) -> None:
         assert j.bump_epoch() == 2
     finally:
         j.close()
+
+
+# -- continuity: texts, the transcript, ended runs (PROTOCOL §8, §3) ------------------------------------
+
+
+def test_transcript_keeps_the_newest_bytes_and_clears(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    for i in range(10):
+        j.transcript_append("user" if i % 2 == 0 else "assistant", f"{i}:" + "é" * 500, max_bytes=3000)
+    kept = j.transcript()
+    # UTF-8 bytes count: each message is ~1002 bytes, so the newest two fit in 3000 and the third does not.
+    assert [t.split(":")[0] for _, t in kept] == ["8", "9"]
+    assert kept[0][0] == "user" and kept[1][0] == "assistant"
+    j.transcript_clear()
+    assert j.transcript() == []
+    j.close()
+
+
+def test_texts_survive_a_reopen(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    j.set_text("native_ref", '{"runtime": "acp", "value": "s-1"}')
+    j.close()
+    j = Journal(tmp_path / "j.sqlite3")
+    assert j.text("native_ref") == '{"runtime": "acp", "value": "s-1"}'
+    j.set_text("native_ref", None)
+    assert j.text("native_ref") is None
+    j.close()
+
+
+def test_a_journaled_terminal_ends_the_run_and_is_remembered(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    j.run_started("run-1", "cmd-1", "2026-11-30T00:00:00Z")
+    j.run_started("run-2", "cmd-2", "2026-11-30T00:00:01Z")
+    body = json.dumps({"payload": {"error": {"code": "provider.crashed", "message": "gone", "retryable": True}}})
+    j.append([JournaledEvent(1, "e/1", "run-1", "run.failed", body.encode())])
+    assert j.active_runs() == [("run-2", "cmd-2")]
+    ended = j.ended_run_of("cmd-1")
+    assert ended is not None and ended.terminal == "run.failed" and ended.run_id == "run-1"
+    assert ended.error == {"code": "provider.crashed", "message": "gone", "retryable": True}
+    assert j.ended_run_of("cmd-2") is None
+    j.close()
+
+
+def test_an_older_journal_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, command_id TEXT NOT NULL, started_at TEXT NOT NULL);"
+        "CREATE TABLE commands (command_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, fingerprint TEXT NOT NULL,"
+        " status TEXT NOT NULL, update_frame BLOB, touched INTEGER NOT NULL);"
+        "INSERT INTO runs VALUES ('run-0', 'cmd-0', '2026-01-01');"
+    )
+    db.commit()
+    db.close()
+    j = Journal(path)
+    assert j.active_runs() == [("run-0", "cmd-0")]
+    j.save_command("cmd-0", 1, "fp", "accepted", None, "input.start")
+    assert j.command_kind("cmd-0") == "input.start"
+    j.close()

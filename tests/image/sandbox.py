@@ -1,0 +1,200 @@
+"""The image, built and run without Docker: what the Dockerfile does, step by step, on this machine.
+
+- `build_wheel`: the sources the Dockerfile copies, built into a wheel (never from the checkout in
+  place, so nothing the checkout has by accident, e.g. an egg-info, leaks in).
+- `make_venv`: a fresh venv from Debian's own /usr/bin/python3 (not the interpreter running the
+  tests), the wheel installed into it non-editable by the test venv's pip (`--python`), with pip's
+  cache: the venv needs no pip of its own and dependencies come from the cache, not the network.
+- `dockerfile_env`: the final stage's ENV, read from the Dockerfile itself, so the driver starts with
+  exactly what the image gives it (`env -i` plus these, plus HOME as `docker run` sets it).
+- `ControlPlaneProcess`: the reference control plane started from the installed wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import queue
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+IMAGE_ROOT = "/opt/agent-driver"  # AGENT_DRIVER_PROJECT_ROOT in the image
+SANDBOX_UID = 10001
+PIP = ROOT / ".venv" / "bin" / "pip"
+CP_READY = re.compile(r"control plane: (ws://\S+)\s+api: (http://\S+)")
+
+
+# -- the Dockerfile ---------------------------------------------------------------------------------
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        if pending.strip():
+            word, _, rest = pending.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+        pending = ""
+    return out
+
+
+def final_stage(text: str) -> list[tuple[str, str]]:
+    instructions = _instructions(text)
+    start = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    return instructions[start:]
+
+
+def _pairs(args: str) -> dict[str, str]:
+    """KEY=VALUE pairs of an ENV or LABEL instruction (values quoted or bare, no spaces in bare ones)."""
+    return {m.group(1): m.group(2) if m.group(2) is not None else m.group(3)
+            for m in re.finditer(r'([\w.-]+)=(?:"([^"]*)"|(\S+))', args)}  # fmt: skip
+
+
+def dockerfile_env(text: str | None = None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for word, args in final_stage(text if text is not None else DOCKERFILE.read_text()):
+        if word == "ENV":
+            env.update(_pairs(args))
+    return env
+
+
+def dockerfile_labels(text: str | None = None) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for word, args in final_stage(text if text is not None else DOCKERFILE.read_text()):
+        if word == "LABEL":
+            labels.update(_pairs(args))
+    return labels
+
+
+def relocate(env: Mapping[str, str], image_root: Path) -> dict[str, str]:
+    """The image's environment with /opt/agent-driver replaced by where this machine has it."""
+    return {k: v.replace(IMAGE_ROOT, str(image_root)) for k, v in env.items()}
+
+
+# -- building ----------------------------------------------------------------------------------------
+
+
+def run(argv: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run to completion; on failure the assertion shows the command's own output."""
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{argv[:3]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done  # type: ignore[no-any-return]
+
+
+def build_wheel(out: Path) -> Path:
+    src = out / "src"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # what the Dockerfile COPYs
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "driver", src / "driver", ignore=shutil.ignore_patterns("__pycache__"))
+    run([PIP, "wheel", "--quiet", "--no-deps", "-w", out / "dist", src])
+    (wheel,) = (out / "dist").glob("agent_driver-*.whl")
+    return wheel
+
+
+def make_venv(venv: Path, wheel: Path) -> Path:
+    assert SYSTEM_PYTHON.exists(), f"{SYSTEM_PYTHON} is missing: the image's Python is Debian's python3"
+    run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", venv])
+    run([PIP, "--python", venv / "bin" / "python", "install", "--quiet", wheel])
+    return venv
+
+
+def sandbox_user() -> tuple[int, int]:
+    """(uid, gid) the driver runs as: uid 10001 as in the image, created when missing (as root); when
+    the tests do not run as root, their own uid is already unprivileged."""
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    try:
+        entry = pwd.getpwuid(SANDBOX_UID)
+    except KeyError:
+        # A passwd entry matters: Node's os.userInfo() (used by Claude Code) throws without one.
+        run(["useradd", "--uid", SANDBOX_UID, "--user-group", "--no-create-home",
+             "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "agent-driver-image"])  # fmt: skip
+        entry = pwd.getpwuid(SANDBOX_UID)
+    return entry.pw_uid, entry.pw_gid
+
+
+def owned_dir(path: Path, owner: tuple[int, int], mode: int = 0o700) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, *owner)
+    path.chmod(mode)
+    return path
+
+
+def chown_tree(path: Path, owner: tuple[int, int]) -> None:
+    for folder, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(folder, name), *owner)
+    os.chown(path, *owner)
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+class LineReader:
+    """Drains a process's output in a thread (a full pipe would block it) and lets a test wait for a
+    line with a timeout."""
+
+    def __init__(self, stream: object) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        while True:
+            line = self._queue.get(timeout=timeout)
+            assert line is not None, "the process ended before printing " + pattern.pattern + "\n" + "".join(self.lines)
+            found = pattern.search(line)
+            if found:
+                return found
+
+
+@dataclass
+class ControlPlaneProcess:
+    proc: subprocess.Popen[str]
+    output: LineReader
+    url: str
+    api: str
+    token_file: Path
+
+
+@contextmanager
+def control_plane(venv: Path, folder: Path) -> Iterator[ControlPlaneProcess]:
+    """`agent-driver controlplane` from the installed wheel, on free ports, until the block ends."""
+    token_file = folder / "cp.token"
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "agent-driver"), "controlplane", "--db", str(folder / "cp.sqlite3"),
+         "--token-file", str(token_file), "--port", "0", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )  # fmt: skip
+    try:
+        output = LineReader(proc.stdout)
+        ready = output.wait_for(CP_READY, timeout=60)
+        yield ControlPlaneProcess(proc, output, ready.group(1), ready.group(2), token_file)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
