@@ -199,7 +199,8 @@ def main() -> None:
         goal(
             "1M pending: RSS ≤ CP-up RSS + 64 MB",
             extra_m <= 64,
-            f"+{extra_m:.1f} MB, {extra_m * 2**20 / 1e6:.0f} B/event",
+            f"+{extra_m:.1f} MB with {million['pending']:,} pending, "
+            f"{extra_m * 2**20 / max(1, million['pending']):.0f} B/event",
         )
 
 

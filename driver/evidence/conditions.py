@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -50,13 +51,16 @@ def runtime_versions(root: Path, runtimes: Iterable[str]) -> dict[str, str]:
 def collect(root: Path, runtimes: Iterable[str], quick: bool, runs: int) -> dict[str, Any]:
     runtimes = list(runtimes)
     return {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "uid": os.getuid(),
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
         "memory_mb": _memory_mb(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "runtimes": runtime_versions(root, runtimes),
-        "model": "fake model endpoints from driver/testing/ (fake_anthropic, fake_responses) on loopback",
+        "model": "fake model endpoints from driver/testing/ (fake_anthropic, fake_responses) on loopback; "
+        "provider API keys in the environment are not used",
         "control_plane": "reference control plane (driver/controlplane/), SQLite store, loopback ws://",
         "mode": "quick" if quick else "full",
         "runs": runs,

@@ -21,6 +21,18 @@ def _measured(m: dict[str, Any]) -> str:
     return "; ".join(f"{k} = {_value(v)}" for k, v in m.items()) or "-"
 
 
+def _summary(claims: list[dict[str, Any]]) -> list[str]:
+    """One line per claim, one column per runtime: the verdicts at a glance."""
+    runtimes = list(dict.fromkeys(c["runtime"] for c in claims))
+    names = list(dict.fromkeys(c["claim"] for c in claims))
+    verdict = {(c["claim"], c["runtime"]): c["verdict"] for c in claims}
+    lines = ["## Summary", "", "| claim | " + " | ".join(runtimes) + " |", "| --- |" + " --- |" * len(runtimes)]
+    for name in names:
+        cells = [_MARK.get(verdict.get((name, r), ""), "-") for r in runtimes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def markdown(report: Report) -> str:
     data = report.as_json()
     lines = [
@@ -33,6 +45,7 @@ def markdown(report: Report) -> str:
     ]
     lines += [f"- {k}: {_value(v)}" for k, v in data["conditions"].items()]
     lines += [f"- elapsed: {data['elapsed_s']} s", ""]
+    lines += _summary(data["claims"])
     for claim in data["claims"]:
         lines += [f"## {claim['claim']} — {claim['runtime']}: {_MARK[claim['verdict']]}", ""]
         lines += ["| case | verdict | measured | what was done | why |", "| --- | --- | --- | --- | --- |"]

@@ -192,3 +192,18 @@ def test_bench_goal_lines_reach_the_report() -> None:
     rep = Report(True, {}, [Claim("startup", "acp", [judged("a", {}, [])])], performance=goals)
     assert "| cold_start | x | **NOT met** | 2 x |" in markdown(rep)
     assert rep.as_json()["performance"] == goals
+
+
+def test_the_markdown_opens_with_a_summary_per_claim_and_runtime() -> None:
+    rep = Report(
+        True,
+        {"cpus": 2},
+        [
+            Claim("resume", "acp", [judged("link lost", {"lossless_lost": 0}, [])]),
+            Claim("resume", "claude-agent-sdk", [judged("driver killed", {}, ["provider left"])]),
+        ],
+    )
+    text = markdown(rep)
+    assert "| claim | acp | claude-agent-sdk |" in text
+    assert "| resume | passed | **FAILED** |" in text
+    assert "| driver killed | **FAILED** | - |  | provider left |" in text
