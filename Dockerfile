@@ -28,7 +28,7 @@ RUN npm ci --no-audit --no-fund --loglevel=error \
 COPY pyproject.toml README.md LICENSE ./
 COPY driver ./driver
 RUN python3 -m venv /opt/agent-driver/venv \
- && /opt/agent-driver/venv/bin/pip install --no-cache-dir --no-compile .
+ && /opt/agent-driver/venv/bin/pip install --no-cache-dir --no-compile ".[telemetry]"
 
 # -- the image --------------------------------------------------------------------------------------
 FROM ${DEBIAN}

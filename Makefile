@@ -15,7 +15,7 @@ setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB) $(STAMP_SYSPY)
 $(STAMP_PY): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,telemetry]'
 	touch $@
 
 # The pinned Node comes from npm too (package `node`); the check refuses a Node that a runtime's
@@ -27,9 +27,10 @@ $(STAMP_NPM): package.json package-lock.json scripts/check-runtimes.mjs
 	$(NODE) scripts/check-runtimes.mjs
 	touch $@
 
-# bubblewrap: codex-acp sandboxes commands with bwrap.
-$(STAMP_DEB): | $(STAMP_PY)
+# bubblewrap: codex-acp sandboxes commands with bwrap. chromium + chromium-driver: the console's browser tests.
+$(STAMP_DEB): Makefile | $(STAMP_PY)
 	command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 	touch $@
 
 # The image smoke test (tests/image/) makes its venv from Debian's own python3, as the image does.

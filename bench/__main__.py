@@ -1,6 +1,6 @@
 """`python -m bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
-Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents. Exit status is nonzero
+Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat. Exit status is nonzero
 only if a benchmark crashed; goals that are not met are printed as such.
 """
 
@@ -12,7 +12,7 @@ import time
 
 from bench._common import ROOT
 
-BENCHMARKS = ("event_path", "backlog_rss", "cold_start", "ttft", "cancel_evidence", "acp_agents")
+BENCHMARKS = ("event_path", "backlog_rss", "cold_start", "ttft", "cancel_evidence", "acp_agents", "heartbeat")
 
 
 def main(argv: list[str]) -> int:

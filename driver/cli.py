@@ -12,7 +12,7 @@ def _run(args: argparse.Namespace) -> int:
     from driver import boot as boot_mod
     from driver import logs
 
-    logs.configure(args.log_level)
+    logs.configure(args.log_level, uplink=True)
     try:
         payload = boot_mod.load(args.boot_file)
     except boot_mod.BootError as exc:

@@ -50,6 +50,7 @@ RUN_TERMINALS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 AGENT_PREFIX = "agent> "
 THINKING_PREFIX = "thinking> "
 USER_PROMPT = "you> "
+CONSOLE_PREFIX = "console> "  # input typed in the web console
 # Credentials the driver process itself never needs: they reach the provider through the boot payload.
 PROVIDER_SECRETS = frozenset({"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
 OFFLINE_MARKERS = "try [[say:TEXT]], [[shell:CMD]], [[write:PATH:TEXT]], [[think]], or [[slow]] then Ctrl-C"
@@ -343,8 +344,10 @@ class Status:
     last_run: str | None = None
     last_terminal: str | None = None
     heartbeat_at: float | None = None  # time.monotonic() when the last heartbeat arrived
+    activity: Mapping[str, Any] | None = None  # the last heartbeat's `activity` (the provider tree)
 
     def heartbeat(self, beat: Mapping[str, Any], now: float) -> None:
+        self.activity = beat.get("activity")
         outbox = beat.get("outbox") or {}
         self.lossless_pending = outbox.get("lossless_pending")
         self.best_effort_dropped = outbox.get("best_effort_dropped")
@@ -361,6 +364,11 @@ class Status:
             )
         run = "none yet" if self.last_run is None else f"{self.last_run} {self.last_terminal or 'running'}"
         return f"[status] link {link} | outbox {outbox} | last run {run}"
+
+    def activity_line(self) -> str:
+        from driver.telemetry.activity import describe
+
+        return f"[activity] {describe(self.activity)}"
 
 
 class Transcript:
@@ -590,6 +598,8 @@ class DevChat:
                     self._on_link(item)
                 elif kind == "command.update":
                     self._on_update(item)
+                elif kind == "command" and item.get("command_id") not in self.commands:
+                    self.push(("elsewhere", item.get("command_id")))
         except Exception as exc:  # a bug here must not leave the user typing into a dead chat
             self.say(f"[dev] internal error while showing events: {type(exc).__name__}: {exc}")
             self.push(("stop", "internal error"))
@@ -606,7 +616,7 @@ class DevChat:
         elif kind == "permission.requested":
             self.push(("permission", event["payload"]))
         elif kind == "permission.resolved":
-            self.push(("permission_settled", event["payload"].get("request_id")))
+            self.push(("permission_settled", event["payload"]))
 
     def _on_link(self, item: Mapping[str, Any]) -> None:
         self.status.connected = item.get("state") == "up"
@@ -709,7 +719,9 @@ class DevChat:
             if len(self.permissions) == 1:
                 await self._ask_permission()
         elif kind == "permission_settled":
-            await self._permission_settled(str(value))
+            await self._permission_settled(value)
+        elif kind == "elsewhere":
+            self._queued_elsewhere(str(value))
         elif kind == "line":
             if self.prompts:
                 self.transcript.mark_line_start(True)  # the terminal echoed the user's Enter
@@ -772,6 +784,7 @@ class DevChat:
         command = text.strip()
         if command == "/status":
             self.say(self.status.line(time.monotonic()))
+            self.say(self.status.activity_line())
         elif command == "/help":
             self.say(HELP)
         elif command in ("/quit", "/exit"):
@@ -801,6 +814,27 @@ class DevChat:
         else:
             await self.stop("Ctrl-C")
 
+    def _queued_elsewhere(self, command_id: str) -> None:
+        """A command the web console queued: show it, and follow a run it started like one typed here
+        (its end prompts again, Ctrl-C cancels it, lines typed meanwhile wait for it)."""
+        cmd = self.cp.command(command_id)
+        if cmd is None or self.phase == "stopping":
+            return
+        body = cmd["body"]
+        if cmd["kind"] == "session.stop":
+            self.phase = "stopping"  # its exit is then the clean end of this chat too
+            self.waiting.clear()
+            self.say("[console] session.stop: the driver is stopping")
+            self._spawn(self._stop_watchdog())
+            return
+        if cmd["kind"] != "input.start":
+            self.say(f"[console] {cmd['kind']}")
+            return
+        self.say(f"{CONSOLE_PREFIX}{(body.get('input') or {}).get('text', '')}")
+        if self.phase == "idle" and self.run is None:
+            self.run = _Run(str(body.get("run_id")), command_id)
+            self.phase = "running"
+
     # -- permissions ----------------------------------------------------------------------------
     async def _ask_permission(self) -> None:
         request = self.permissions[0]
@@ -828,9 +862,15 @@ class DevChat:
         if self.permissions:
             await self._ask_permission()
 
-    async def _permission_settled(self, request_id: str) -> None:
-        """Resolved without us (timeout, cancel): stop asking about it."""
+    async def _permission_settled(self, resolved: Mapping[str, Any]) -> None:
+        """Resolved without us (timeout, cancel, the web console): stop asking about it."""
+        request_id = resolved.get("request_id")
         head = self.permissions[0].get("request_id") if self.permissions else None
+        if resolved.get("decided_by") == "control_plane" and any(
+            p.get("request_id") == request_id for p in self.permissions
+        ):
+            # Still asked here, so the answer came from elsewhere: the web console.
+            self.say(f"[permission] {resolved.get('outcome')} in the console")
         self.permissions = deque(p for p in self.permissions if p.get("request_id") != request_id)
         if head == request_id and self.permissions:
             await self._ask_permission()
@@ -925,6 +965,8 @@ async def run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str]) -> i
 
 async def _run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str], actions: asyncio.Queue[Action]) -> int:
     from driver import logs
+    from driver.controlplane.cli import console_login_url
+    from driver.controlplane.console import ConsoleConfig
     from driver.controlplane.server import ControlPlane
 
     paths = DevPaths(options.workdir.resolve(), new_instance_id())
@@ -935,11 +977,16 @@ async def _run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str], act
         # The in-process control plane logs to a file: the terminal is for the chat.
         logs.configure("info", stream=stack.enter_context(paths.cp_log.open("a")))
         token = secrets.token_urlsafe(32)
+        console = ConsoleConfig(token=secrets.token_urlsafe(24), artifact_roots={paths.instance_id: paths.workspace})
         cp = ControlPlane(
-            paths.db, tokens={token: {paths.instance_id}}, http_port=None, heartbeat_interval_ms=HEARTBEAT_MS
+            paths.db,
+            tokens={token: {paths.instance_id}},
+            http_port=0,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+            console=console,
         )
         async with cp:
-            _banner(out, options, paths, cp.url)
+            _banner(out, options, paths, cp.url, console_login_url(str(cp.http_url), console.token, True))
             if not actions.empty():  # only a signal can be queued yet: nothing to stop
                 out.write("[dev] interrupted before the driver started\n")
                 return 130
@@ -967,10 +1014,11 @@ async def _run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str], act
     return 1  # not reached: the chat returns from inside the control plane's block
 
 
-def _banner(out: TextIO, options: DevOptions, paths: DevPaths, url: str) -> None:
+def _banner(out: TextIO, options: DevOptions, paths: DevPaths, url: str, console_url: str) -> None:
     out.write(
         f"agent-driver dev: runtime {options.runtime}{' (agent: codex-acp)' if options.runtime == 'acp' else ''}, "
         f"instance {paths.instance_id}\n"
+        f"  console (web, in step with this chat): {console_url}\n"
         f"  driver log (its stderr): {paths.driver_log}\n"
         f"  control plane: {url}, events stored in {paths.db}, its log in {paths.cp_log}\n"
         f"  agent workspace: {paths.workspace}\n"

@@ -49,23 +49,48 @@ class Redactor:
 
 
 REDACTOR = Redactor()
+# The copy of every (redacted) line for the control plane (driver.telemetry.log_uplink), installed by
+# `configure(uplink=True)`: `agent-driver run` only.
+UPLINK: Any = None
 
 
-def configure(level: str = "info", stream: Any = None) -> None:
+class _NamedPrintLogger(structlog.PrintLogger):
+    """A PrintLogger that remembers the name it was asked for, so processors can tell loggers apart."""
+
+    def __init__(self, file: Any, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+def _factory(stream: Any) -> Any:
+    def make(*args: Any) -> _NamedPrintLogger:
+        return _NamedPrintLogger(stream, str(args[0]) if args else "driver")
+
+    return make
+
+
+def configure(level: str = "info", stream: Any = None, *, uplink: bool = False) -> None:
+    global UPLINK
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        REDACTOR,
+    ]
+    if uplink:
+        from driver.telemetry.log_uplink import LogUplink
+
+        UPLINK = LogUplink()
+        processors.append(UPLINK)  # after the redactor: only redacted lines are ever copied
+    processors.append(structlog.processors.JSONRenderer())
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO), stream=stream or sys.stderr, format="%(message)s"
     )
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            REDACTOR,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=_factory(stream or sys.stderr),
         cache_logger_on_first_use=True,
     )
 

@@ -51,6 +51,8 @@ class ProviderSupervisor:
         on_ready: Callable[[], None] = lambda: None,
         on_lost: Callable[[], None] = lambda: None,
         on_exited: Callable[[Adapter], Awaitable[None]] | None = None,
+        on_starting: Callable[[], None] = lambda: None,
+        on_started: Callable[[ProviderError | None], None] = lambda error: None,
     ) -> None:
         self._new_adapter = new_adapter
         self._emit = emit
@@ -62,6 +64,9 @@ class ProviderSupervisor:
         # Called when the current adapter's process exited on its own (the kernel decides what a
         # death during a run means); default: replace it as a crash.
         self._on_exited = on_exited
+        # Told when each start begins and how it ended (timings and the provider-start span).
+        self._on_starting = on_starting
+        self._on_started = on_started
         self.adapter: Adapter = new_adapter()
         self.attempt = Attempt()
         self.start_ms: float | None = None
@@ -90,6 +95,7 @@ class ProviderSupervisor:
     async def _start(self, attempt: Attempt) -> None:
         adapter = self.adapter
         t0 = time.monotonic()
+        self._on_starting()
         error: ProviderError | None = None
         try:
             with anyio.fail_after(self.start_timeout_s):
@@ -106,6 +112,7 @@ class ProviderSupervisor:
         except Exception as exc:  # a provider bug must not take the driver down
             error = ProviderError("provider.start_failed", f"{type(exc).__name__}: {exc}", retryable=True)
         self.starts += 1
+        self._on_started(error)
         if error is None:
             self.start_ms = (time.monotonic() - t0) * 1000
             attempt.adapter = adapter

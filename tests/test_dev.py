@@ -140,6 +140,15 @@ def test_status_line_shows_link_outbox_and_last_terminal() -> None:
     line = s.line(now=12.5)
     assert "link connected" in line and "3 lossless pending, 7 best-effort dropped (heartbeat 2.5 s ago)" in line
     assert "run-9 cancelled" in line
+    assert s.activity_line() == "[activity] no activity reported yet"
+    s.heartbeat(
+        {
+            "outbox": {},
+            "activity": {"provider_pid": 9, "provider_cpu_ms": 1500, "provider_rss_mb": 20.0, "provider_processes": 2},
+        },
+        now=13.0,
+    )
+    assert s.activity_line() == "[activity] provider pid 9: 2 processes, 20.0 MB, cpu 1.5 s | no output yet"
 
 
 def test_boot_file_is_a_valid_owner_only_pet_payload(tmp_path: Path) -> None:
@@ -295,6 +304,11 @@ async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
 
         await type_line("/status")
         assert "link connected" in await screen.line_with("[status]")
+        # The activity line is the last heartbeat's: after a cancel that had to restart the provider
+        # (a loaded machine can take the interrupt past its grace), ask again until one names it.
+        async with asyncio.timeout(60):
+            while "provider pid" not in await screen.line_with("[activity]"):
+                await type_line("/status")
         await type_line("/quit")
         await screen.wait_for("[dev] the driver stopped cleanly")
         async with asyncio.timeout(30):

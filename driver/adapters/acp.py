@@ -26,9 +26,9 @@ import anyio
 import msgspec
 import structlog
 
-from driver.adapters import acp_fs, acp_permissions, acp_session
+from driver.adapters import acp_fs, acp_permissions, acp_session, acp_state, attachments
 from driver.adapters import acp_models as m
-from driver.adapters.acp_terminal import TerminalError, TerminalManager
+from driver.adapters.acp_terminal import TerminalError, TerminalManager, TerminalStreams
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
 from driver.adapters.base import (
     Adapter,
@@ -44,6 +44,7 @@ from driver.adapters.process import ProviderProcess
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
+from driver.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -51,6 +52,7 @@ T = TypeVar("T")
 FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
 CANCEL_RESENDS = 3
 CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s
+_REFUSED = object()  # what _try_call returns for a refused request
 
 
 class AcpAdapter(Adapter):
@@ -72,6 +74,10 @@ class AcpAdapter(Adapter):
         self._setup_warnings: list[str] = []
         self._warned: set[str] = set()
         self._session_id: str | None = None
+        self._state = acp_state.SessionState()
+        # Terminal output as tool output; the current turn says which tool call shows which terminal.
+        self._terminal_streams = TerminalStreams(lambda: self._turn, self.ports)
+        self._cost_total = 0.0  # the session's cumulative cost (ACP usage_update) after the last turn
         self.agent: m.InitializeResult | None = None
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
@@ -79,6 +85,8 @@ class AcpAdapter(Adapter):
         self._reported_files: set[tuple[str, str | None]] = set()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._recovery_pending: list[tuple[str, str]] = []
+        # Instructions for an agent that takes no system prompt: sent ahead of a new session's first prompt.
+        self._instructions_pending = ""
         self._cwd = Path(config.session.cwd).resolve()
         # Counts of session/update variants we did not understand, for diagnostics.
         self.unknown_updates: dict[str, int] = {}
@@ -155,7 +163,7 @@ class AcpAdapter(Adapter):
             on_notification=self._on_notification,
         )
         self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
-        self._terminals = TerminalManager(env=env, default_cwd=self._cwd)
+        self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output)
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._open_session()
@@ -190,13 +198,6 @@ class AcpAdapter(Adapter):
             )
         if self._host is not None and not self.agent.agent_capabilities.mcp_capabilities.http:
             await self._config_warning("the acp agent takes no MCP server over http: host_tools are not offered")
-        if (
-            self.config.execution.system_prompt
-            and self.agent.agent_capabilities.session_capabilities.system_prompt is None
-        ):
-            await self._config_warning(
-                "the acp agent does not accept a system prompt: execution.system_prompt is not applied"
-            )
         resume = self.config.execution.native_resume
         if resume is not None:
             # A resume id of another runtime (the execution changed runtime) cannot be loaded either.
@@ -243,7 +244,11 @@ class AcpAdapter(Adapter):
             await self._authenticate()
             raw = await self._call("session/new", params)
         result = self._decode(raw, m.NewSessionResult, "session/new")
-        await self._session_opened(result.session_id, result.modes, result.config_options)
+        if "systemPrompt" not in params:
+            self._instructions_pending = acp_session.instruction_text(
+                self._cwd, self.config.session, self.config.execution
+            )
+        await self._session_opened(result.session_id, result.modes, result.config_options, raw)
         await self._report_setup_warnings()
         return result.session_id
 
@@ -255,22 +260,30 @@ class AcpAdapter(Adapter):
             log.info("acp.load_failed", session_id=session_id, code=exc.code, error=exc.message)
             return False
         result = self._decode(raw or {}, m.LoadSessionResult, "session/load")
-        await self._session_opened(session_id, result.modes, result.config_options)
+        await self._session_opened(session_id, result.modes, result.config_options, raw)
         await self._report_setup_warnings()
         return True
 
     async def _session_opened(
-        self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption]
+        self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption], raw: Any
     ) -> None:
         self._session_id = session_id
+        self._state = acp_state.SessionState()
+        self._cost_total = 0.0
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
+        await self._emit_all(self._state.opened(raw))
         await self._apply_mode(modes)
         await self._apply_model(config_options)
         options = self.config.execution.provider_options.get("config_options") or {}
         for config_id, value in dict(options).items():
-            await self._try_call(
-                "session/set_config_option", {"sessionId": session_id, "configId": config_id, "value": value}
-            )
+            await self._set_config(config_id, value)
+
+    async def _set_config(self, config_id: str, value: Any) -> None:
+        assert self._session_id is not None
+        answer = await self._try_call(
+            "session/set_config_option", acp_state.set_config_params(self._session_id, config_id, value)
+        )
+        await self._emit_all(self._state.config(answer))
 
     async def _apply_model(self, config_options: list[m.ConfigOption]) -> None:
         choice = acp_session.model_choice(self.config.execution.model, config_options)
@@ -278,15 +291,14 @@ class AcpAdapter(Adapter):
             if self.config.execution.model:
                 log.info("acp.model_not_selectable", model=self.config.execution.model)
             return
-        config_id, value = choice
-        await self._try_call(
-            "session/set_config_option", {"sessionId": self._session_id, "configId": config_id, "value": value}
-        )
+        await self._set_config(*choice)
 
     async def _apply_mode(self, modes: m.SessionModeState | None) -> None:
         wanted = acp_session.wanted_mode(self.config.execution, modes)
         if wanted is not None:
-            await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
+            answer = await self._try_call("session/set_mode", {"sessionId": self._session_id, "modeId": wanted})
+            if answer is not _REFUSED:
+                await self._emit_all(self._state.mode_set(wanted))
 
     async def _authenticate(self) -> None:
         assert self.agent is not None
@@ -335,12 +347,13 @@ class AcpAdapter(Adapter):
             raise ProviderError("provider.not_started", "the acp agent has no open session")
         if self._turn is not None:
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
-        turn = AcpTurn(run_id)
+        prompt = self._prompt_blocks(run_input)  # first: an attachment it refuses changes nothing
+        turn = AcpTurn(run_id, self._cost_total)
         self._turn = turn
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
         self._reported_files = set()
-        prompt = self._prompt_blocks(run_input)
+        self._terminal_streams.reset()
         try:
             try:
                 raw = await self._prompt(prompt)
@@ -361,6 +374,7 @@ class AcpAdapter(Adapter):
                 await self._emit_all(turn.finish("failed"))
                 raise
             self._recovery_pending = []
+            self._instructions_pending = ""
             result = self._decode(raw, m.PromptResult, "session/prompt")
             if result.usage is not None:
                 await self._emit_all(turn.prompt_usage(result.usage))
@@ -373,6 +387,7 @@ class AcpAdapter(Adapter):
             return self._outcome(turn, stop)
         finally:
             self._turn = None
+            self._cost_total = turn.cost_total
             if turn.unknown_updates:
                 for variant, count in turn.unknown_updates.items():
                     self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
@@ -396,7 +411,10 @@ class AcpAdapter(Adapter):
 
             tg.start_soon(nudge)
             try:
-                answer["result"] = await self._call("session/prompt", {"sessionId": self._session_id, "prompt": prompt})
+                params: dict[str, Any] = {"sessionId": self._session_id, "prompt": prompt}
+                if traceparent := tracing.run_traceparent():
+                    params["_meta"] = {"traceparent": traceparent}  # ACP's reserved trace context key
+                answer["result"] = await self._call("session/prompt", params)
             except (JsonRpcError, ProviderError) as exc:
                 answer["error"] = exc
             tg.cancel_scope.cancel()
@@ -426,6 +444,8 @@ class AcpAdapter(Adapter):
 
     def _prompt_blocks(self, run_input: RunInput) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
+        if self._instructions_pending:
+            blocks.append({"type": "text", "text": f"<instructions>\n{self._instructions_pending}\n</instructions>"})
         if self._recovery_pending:
             lines = [
                 "Context: the earlier conversation of this session could not be resumed natively. "
@@ -434,10 +454,11 @@ class AcpAdapter(Adapter):
             lines.extend(f"{role}: {text}" for role, text in self._recovery_pending)
             blocks.append({"type": "text", "text": "\n".join(lines)})
         blocks.append({"type": "text", "text": run_input.text})
-        for attachment in run_input.attachments:
-            # The kernel downloads attachments into cwd/inputs/ before the run.
-            path = self._cwd / "inputs" / attachment.name
-            blocks.append({"type": "resource_link", "name": attachment.name, "uri": path.as_uri()})
+        assert self.agent is not None
+        try:
+            blocks.extend(acp_session.attachment_blocks(self._cwd, run_input.attachments, self.agent))
+        except (attachments.AttachmentRefused, OSError) as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
         return blocks
 
     async def cancel(self) -> None:
@@ -466,10 +487,18 @@ class AcpAdapter(Adapter):
         except msgspec.ValidationError as exc:
             log.warning("acp.bad_update", error=str(exc))
             return
+        if note.session_id != self._session_id:
+            return  # history replayed by session/load (its id is set once loaded), or another session's
+        if note.update.get("sessionUpdate") in acp_state.STATE_UPDATES:
+            # The session's mode, options and commands change between turns too: not run-scoped.
+            await self._emit_all(self._state.feed(note.update))
+            return
         turn = self._turn
-        if turn is None or note.session_id != self._session_id:
-            return  # history replayed by session/load, or late updates after the turn ended
+        if turn is None:
+            return  # late updates after the turn ended
         await self._emit_all(turn.feed(note.update))
+        if turn.new_terminals and self._terminals is not None:
+            await self._terminal_streams.link(turn, self._terminals)
 
     async def _on_request(self, method: str, params: Any) -> Any:
         if method == "session/request_permission":
@@ -583,12 +612,13 @@ class AcpAdapter(Adapter):
         except msgspec.ValidationError as exc:
             raise ProviderError("provider.protocol", f"unexpected {method} answer from the agent: {exc}") from None
 
-    async def _try_call(self, method: str, params: dict[str, Any]) -> None:
-        """A best-effort setting: a refusal is logged, never fatal."""
+    async def _try_call(self, method: str, params: dict[str, Any]) -> Any:
+        """A best-effort setting: a refusal is logged, never fatal. Returns the answer, or _REFUSED."""
         try:
-            await self._call(method, params)
+            return await self._call(method, params)
         except JsonRpcError as exc:
             log.warning("acp.call_refused", method=method, code=exc.code, error=exc.message)
+            return _REFUSED
 
     async def _call(self, method: str, params: dict[str, Any]) -> Any:
         """A request to the agent that fails with `provider.crashed` if the agent dies first.

@@ -43,8 +43,16 @@ class SessionCapabilities(_M):
     system_prompt: dict[str, Any] | None = None  # unstable: `systemPrompt` on session/new and load
 
 
+class PromptCapabilities(_M):
+    # Text and resource links are always accepted (ACP baseline); these are opt-in.
+    image: bool = False
+    audio: bool = False
+    embedded_context: bool = False
+
+
 class AgentCapabilities(_M):
     load_session: bool = False
+    prompt_capabilities: PromptCapabilities = msgspec.field(default_factory=PromptCapabilities)
     mcp_capabilities: McpCapabilities = msgspec.field(default_factory=McpCapabilities)
     session_capabilities: SessionCapabilities = msgspec.field(default_factory=SessionCapabilities)
 

@@ -7,14 +7,16 @@ which environment-variable auth method can be used. The adapter sends what these
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from driver.adapters import acp_models as m
+from driver.adapters import attachments, instructions
 from driver.ports.mcp_host import SERVER_NAME as HOST_SERVER_NAME
 from driver.protocol.boot import ExecutionConfig, SessionConfig
+from driver.protocol.commands import Attachment
 
 # Mode ids of the agents we know, by policy. ACP has no standard "never ask" switch.
 FULL_ACCESS_MODES: tuple[str, ...] = ("bypassPermissions", "full-access", "yolo")
@@ -82,11 +84,19 @@ def session_params(
         extra.append(session.memory_dir)
     if extra and capabilities.additional_directories is not None:
         params["additionalDirectories"] = extra
-    if execution.system_prompt and capabilities.system_prompt is not None:
+    text = instruction_text(cwd, session, execution)
+    if text and capabilities.system_prompt is not None:
         # `append` keeps the agent's own instructions (tool use, safety); every agent that
         # advertises the capability supports it.
-        params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": execution.system_prompt}]}
+        params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": text}]}
     return params
+
+
+def instruction_text(cwd: Path, session: SessionConfig, execution: ExecutionConfig) -> str:
+    """The system prompt, the driver's paragraph and the skills (ACP has no skills mechanism, so they
+    are listed with their paths): sent as the session's system prompt where the agent takes one, else
+    ahead of the first prompt of each new session."""
+    return instructions.compose(execution, session, instructions.installed_skills(cwd, execution.skills))
 
 
 def wanted_mode(execution: ExecutionConfig, modes: m.SessionModeState | None) -> str | None:
@@ -126,3 +136,26 @@ def auth_hint(agent: m.InitializeResult) -> str:
         return f"set one of {', '.join(names)} in execution.environment"
     methods = ", ".join(a.id for a in agent.auth_methods) or "none"
     return f"it offers no environment-variable method (methods: {methods})"
+
+
+def attachment_blocks(cwd: Path, given: Sequence[Attachment], agent: m.InitializeResult) -> list[dict[str, Any]]:
+    """The attachments (downloaded into cwd/inputs/ by the kernel) as ACP content blocks: images as
+    `image` where the agent takes them, short texts as embedded `resource` where it takes embedded
+    context, anything else as a `resource_link` (every agent accepts those). An image for an agent
+    without image support is refused (AttachmentRefused): it would silently never reach the model."""
+    caps = agent.agent_capabilities.prompt_capabilities
+    blocks: list[dict[str, Any]] = []
+    for item in attachments.local(cwd, given):
+        uri = item.path.as_uri()
+        if item.kind == "image":
+            if not caps.image:
+                raise attachments.AttachmentRefused(
+                    f"attachment {item.name!r}: the acp agent does not accept images (promptCapabilities.image)"
+                )
+            blocks.append({"type": "image", "mimeType": item.mime_type, "data": item.base64(), "uri": uri})
+        elif item.kind == "text" and caps.embedded_context:
+            resource = {"uri": uri, "mimeType": item.mime_type, "text": item.text()}
+            blocks.append({"type": "resource", "resource": resource})
+        else:
+            blocks.append({"type": "resource_link", "name": item.name, "uri": uri})
+    return blocks

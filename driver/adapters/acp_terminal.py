@@ -12,14 +12,15 @@ the `terminal/create` request that made it); `release()` and `close()` retire th
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import itertools
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -33,9 +34,15 @@ class TerminalError(Exception):
     """Refused or unknown terminal; the message names the problem (sent to the agent)."""
 
 
+OutputListener = Callable[[str, bytes], Awaitable[None]]
+
+
 class Terminal:
-    def __init__(self, terminal_id: str, process: anyio.abc.Process, limit: int) -> None:
+    def __init__(
+        self, terminal_id: str, process: anyio.abc.Process, limit: int, on_output: OutputListener | None = None
+    ) -> None:
         self.id = terminal_id
+        self._on_output = on_output
         self.process = process
         self.limit = limit
         self.buffer = bytearray()
@@ -56,6 +63,8 @@ class Terminal:
                 if len(self.buffer) > self.limit:
                     del self.buffer[: len(self.buffer) - self.limit]
                     self.truncated = True
+                if self._on_output is not None:
+                    await self._on_output(self.id, chunk)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             pass
         finally:
@@ -106,7 +115,9 @@ class Terminal:
 
 
 class TerminalManager:
-    def __init__(self, *, env: Mapping[str, str], default_cwd: Path) -> None:
+    def __init__(self, *, env: Mapping[str, str], default_cwd: Path, on_output: OutputListener | None = None) -> None:
+        """`on_output(terminal_id, chunk)` is awaited with every chunk read (live output for events)."""
+        self._on_output = on_output
         self._env = dict(env)
         self._default_cwd = default_cwd
         self._terminals: dict[str, Terminal] = {}
@@ -138,7 +149,7 @@ class TerminalManager:
         except OSError as exc:
             raise TerminalError(f"cannot start {command!r}: {exc.strerror or type(exc).__name__}") from None
         terminal_id = f"term-{next(self._ids)}"
-        self._terminals[terminal_id] = Terminal(terminal_id, process, limit)
+        self._terminals[terminal_id] = Terminal(terminal_id, process, limit, self._on_output)
         return terminal_id
 
     def get(self, terminal_id: str) -> Terminal:
@@ -172,3 +183,50 @@ class TerminalManager:
 
     def process_group_ids(self) -> list[int]:
         return [t.process.pid for t in self._terminals.values() if not t.exited.is_set()]
+
+
+class _Turn(Protocol):
+    terminals: dict[str, str]  # terminal id -> the tool call id that shows it
+    new_terminals: list[str]  # linked since last looked at
+
+
+class _Events(Protocol):
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None: ...
+
+
+class TerminalStreams:
+    """A terminal's output, live, as `tool.output.delta` of the tool call that shows it (ACP tool call
+    content `{type: terminal, terminalId}`). What the terminal printed before the link is sent at
+    link time, the rest as it is read."""
+
+    def __init__(self, current_turn: Callable[[], _Turn | None], events: _Events) -> None:
+        self._turn = current_turn
+        self._events = events
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def reset(self) -> None:
+        self._decoders = {}
+
+    async def link(self, turn: _Turn, terminals: TerminalManager) -> None:
+        linked, turn.new_terminals = turn.new_terminals, []
+        for terminal_id in linked:
+            try:
+                terminal = terminals.get(terminal_id)
+            except TerminalError:
+                continue  # not one of ours (or already released)
+            # No await between reading the buffer and linking: a chunk is either in this text or
+            # streamed by output(), never both.
+            text = terminal.output()
+            self._decoders[terminal_id] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            if text:
+                await self._events.emit(
+                    "tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text}
+                )
+
+    async def output(self, terminal_id: str, chunk: bytes) -> None:
+        turn, decoder = self._turn(), self._decoders.get(terminal_id)
+        if turn is None or decoder is None or terminal_id not in turn.terminals:
+            return
+        text = decoder.decode(chunk)
+        if text:
+            await self._events.emit("tool.output.delta", {"tool_call_id": turn.terminals[terminal_id], "text": text})

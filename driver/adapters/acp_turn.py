@@ -77,8 +77,11 @@ class _Tool:
 
 
 class AcpTurn:
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, cost_before: float = 0.0) -> None:
         self.run_id = run_id
+        # ACP's `usage_update.cost` is the session's cumulative cost; a run reports its own share.
+        self._cost_before = cost_before
+        self.cost_total = cost_before
         self._seq = 0
         self._open: _Stream | None = None
         self._tools: dict[str, _Tool] = {}
@@ -88,6 +91,10 @@ class AcpTurn:
         self.malformed_updates = 0
         self.usage: dict[str, Any] | None = None
         self.declined = False  # a permission of this turn was rejected
+        # Terminals (ours, from terminal/create) a tool call embeds: terminal id -> tool call id. Their
+        # output is the tool's output; the adapter streams it as tool.output.delta.
+        self.terminals: dict[str, str] = {}
+        self.new_terminals: list[str] = []  # linked since the adapter last looked
         # Set once a cancel was asked: a tool the agent then reports `failed` was stopped by it.
         self.cancelling = False
 
@@ -232,6 +239,9 @@ class AcpTurn:
         for item in call.content or []:
             if item.type == "diff" and item.path:
                 tool.diffs.setdefault(item.path, item.old_text is None)
+            elif item.type == "terminal" and item.terminal_id and item.terminal_id not in self.terminals:
+                self.terminals[item.terminal_id] = tool.id
+                self.new_terminals.append(item.terminal_id)
         text = _content_text(call.content)
         if text is not None and text != tool.text:
             delta = text[len(tool.text) :] if text.startswith(tool.text) else text
@@ -264,8 +274,13 @@ class AcpTurn:
     def _usage_update(self, usage: m.UsageUpdate) -> list[Emit]:
         if usage.cost is None or usage.cost.currency.upper() != "USD":
             return []
-        self.usage = {**(self.usage or {}), "cost_usd": usage.cost.amount}
-        return [("usage.updated", {"cost_usd": usage.cost.amount})]
+        total = usage.cost.amount
+        before = self._cost_before
+        # A total below the session's earlier one: the agent started counting again (a new process).
+        run_cost = round(total - before if total >= before else total, 9)
+        self.cost_total = total
+        self.usage = {**(self.usage or {}), "cost_usd": run_cost}
+        return [("usage.updated", {"cost_usd": run_cost})]
 
 
 def _content_text(content: list[m.ToolCallContent] | None) -> str | None:

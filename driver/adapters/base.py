@@ -42,6 +42,7 @@ CAPABILITIES: tuple[str, ...] = (
     "usage",
     "host_tools",
     "file_change",
+    "session_state",  # session.mode.updated / session.config.updated / session.commands.updated
 )
 
 # Re-exported: adapters and their tests import the port types from here.

@@ -17,14 +17,18 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import claude_agent_sdk as sdk
 
+from driver.adapters import attachments, instructions
+from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
+    PathNotAllowed,
     PermissionOption,
     PermissionRequest,
     Ports,
@@ -42,6 +46,7 @@ from driver.adapters.claude_options import (
     system_prompt,
     write_launcher,
 )
+from driver.adapters.claude_turn import FileTouched, TurnTranslator, tool_title, usage_payload
 from driver.adapters.registry import CAPABILITIES
 from driver.protocol.commands import RunInput
 
@@ -58,206 +63,16 @@ PERMISSION_OPTIONS: tuple[PermissionOption, ...] = (
 )
 
 
+def sdk_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The SDK keeps a dict schema as JSON Schema only when it has `properties`; any other dict is read
+    as a {name: type} map (so `{"type": "object"}` became "a string parameter named type")."""
+    if schema.get("type") == "object" and "properties" not in schema:
+        return {**schema, "properties": {}}
+    return schema
+
+
 class ResumeFailed(Exception):
     pass
-
-
-# --------------------------------------------------------------------------------------------------
-# Turn translation: SDK messages -> our events
-
-
-@dataclasses.dataclass(slots=True)
-class _Block:
-    kind: str  # "text" | "thinking" | "tool_use"
-    item_id: str
-    text: str = ""
-
-
-class TurnTranslator:
-    """Maps the SDK messages of one turn onto event kinds and payloads.
-
-    Text and thinking stream through `StreamEvent`s (started/delta, completed at content_block_stop,
-    which carries everything the deltas did); a whole `AssistantMessage` only adds blocks the stream
-    did not show. Tool calls start from the assistant's `ToolUseBlock` (or earlier, from the
-    permission callback) and complete from the `ToolResultBlock` in the next user message.
-    """
-
-    def __init__(self, run_id: str, tools_started: set[str], refused: dict[str, str]) -> None:
-        self.run_id = run_id
-        self.tools_started = tools_started
-        self.refused = refused  # tool call id -> "declined" | "cancelled", decided by the permission port
-        self.final_message_id: str | None = None
-        self.final_message_text = ""
-        self.api_message_id: str | None = None
-        self.streamed_messages: set[str] = set()
-        self.blocks: dict[int, _Block] = {}
-        self.open_tools: dict[str, None] = {}  # started in this turn, no result yet (ordered)
-        self.error_texts: list[str] = []
-        self.extra = 0
-        self.cancelling = False
-
-    def _next_id(self, suffix: str) -> str:
-        self.extra += 1
-        return f"{self.run_id}:{suffix}{self.extra}"
-
-    def translate(self, message: Any) -> list[tuple[str, dict[str, Any]]]:
-        if isinstance(message, sdk.StreamEvent):
-            if message.parent_tool_use_id is not None:
-                return []  # a subagent's inner stream: its tool call is reported as a whole
-            return self._stream_event(message.event)
-        if isinstance(message, sdk.AssistantMessage):
-            return self._assistant(message)
-        if isinstance(message, sdk.UserMessage):
-            return self._tool_results(message)
-        return []
-
-    def _stream_event(self, event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-        kind = event.get("type")
-        out: list[tuple[str, dict[str, Any]]] = []
-        if kind == "message_start":
-            msg = event.get("message") or {}
-            self.api_message_id = str(msg.get("id") or self._next_id("api"))
-            self.streamed_messages.add(self.api_message_id)
-            self.blocks = {}
-        elif kind == "content_block_start":
-            index = int(event.get("index", 0))
-            block = event.get("content_block") or {}
-            base = f"{self.api_message_id or self.run_id}:{index}"
-            if block.get("type") == "text":
-                self.blocks[index] = _Block("text", base)
-                out.append(("message.started", {"message_id": base, "role": "assistant"}))
-            elif block.get("type") == "thinking":
-                self.blocks[index] = _Block("thinking", base)
-                out.append(("thought.started", {"thought_id": base, "text": ""}))
-        elif kind == "content_block_delta":
-            index = int(event.get("index", 0))
-            delta = event.get("delta") or {}
-            current = self.blocks.get(index)
-            if current is None:
-                return out
-            if delta.get("type") == "text_delta" and current.kind == "text":
-                piece = str(delta.get("text", ""))
-                current.text += piece
-                out.append(("message.delta", {"message_id": current.item_id, "text": piece}))
-            elif delta.get("type") == "thinking_delta" and current.kind == "thinking":
-                piece = str(delta.get("thinking", ""))
-                current.text += piece
-                out.append(("thought.delta", {"thought_id": current.item_id, "text": piece}))
-        elif kind == "content_block_stop":
-            current = self.blocks.pop(int(event.get("index", 0)), None)
-            if current is not None and current.kind == "text":
-                out.append(
-                    ("message.completed", {"message_id": current.item_id, "role": "assistant", "text": current.text})
-                )
-                self.final_message_id, self.final_message_text = current.item_id, current.text
-            elif current is not None and current.kind == "thinking":
-                out.append(("thought.completed", {"thought_id": current.item_id, "text": current.text}))
-        return out
-
-    def close_open_items(self) -> list[tuple[str, dict[str, Any]]]:
-        """At the turn's end, complete what an interrupt cut off, so every started item (message,
-        thought, tool call) has its completed."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        for tool_call_id in self.open_tools:
-            status = self.refused.get(tool_call_id) or ("cancelled" if self.cancelling else "failed")
-            payload = {"tool_call_id": tool_call_id, "status": status, "output": None, "exit_code": None}
-            out.append(("tool.completed", payload))
-        self.open_tools = {}
-        for index in sorted(self.blocks):
-            current = self.blocks[index]
-            if current.kind == "text":
-                out.append(
-                    ("message.completed", {"message_id": current.item_id, "role": "assistant", "text": current.text})
-                )
-            else:
-                out.append(("thought.completed", {"thought_id": current.item_id, "text": current.text}))
-        self.blocks = {}
-        return out
-
-    def _assistant(self, message: Any) -> list[tuple[str, dict[str, Any]]]:
-        if message.parent_tool_use_id is not None:
-            return []
-        out: list[tuple[str, dict[str, Any]]] = []
-        if message.error is not None:
-            # A synthetic message the CLI writes for a failed API call: an error, not an answer.
-            self.error_texts.extend(b.text for b in message.content if isinstance(b, sdk.TextBlock))
-            return out
-        streamed = message.message_id is not None and message.message_id in self.streamed_messages
-        for block in message.content:
-            if isinstance(block, sdk.ToolUseBlock):
-                out.extend(self.tool_started(block.id, block.name, block.input))
-            elif isinstance(block, sdk.TextBlock) and not streamed:
-                item = self._next_id("m")
-                out.append(("message.started", {"message_id": item, "role": "assistant"}))
-                out.append(("message.completed", {"message_id": item, "role": "assistant", "text": block.text}))
-                self.final_message_id, self.final_message_text = item, block.text
-            elif isinstance(block, sdk.ThinkingBlock) and not streamed:
-                item = self._next_id("t")
-                out.append(("thought.started", {"thought_id": item, "text": ""}))
-                out.append(("thought.completed", {"thought_id": item, "text": block.thinking}))
-        return out
-
-    def tool_started(self, tool_call_id: str, name: str, tool_input: Any) -> list[tuple[str, dict[str, Any]]]:
-        if tool_call_id in self.tools_started:
-            return []
-        self.tools_started.add(tool_call_id)
-        self.open_tools[tool_call_id] = None
-        payload = {
-            "tool_call_id": tool_call_id,
-            "name": name,
-            "title": tool_title(name, tool_input),
-            "input": tool_input,
-        }
-        return [("tool.started", payload)]
-
-    def _tool_results(self, message: Any) -> list[tuple[str, dict[str, Any]]]:
-        if message.parent_tool_use_id is not None or not isinstance(message.content, list):
-            return []
-        out: list[tuple[str, dict[str, Any]]] = []
-        for block in message.content:
-            if not isinstance(block, sdk.ToolResultBlock):
-                continue
-            self.open_tools.pop(block.tool_use_id, None)
-            if block.tool_use_id in self.refused:
-                status = self.refused[block.tool_use_id]
-            elif block.is_error:
-                status = "cancelled" if self.cancelling else "failed"
-            else:
-                status = "completed"
-            out.append(
-                (
-                    "tool.completed",
-                    {"tool_call_id": block.tool_use_id, "status": status, "output": block.content, "exit_code": None},
-                )
-            )
-        return out
-
-
-def tool_title(name: str, tool_input: Any) -> str:
-    """A short human line for a tool call: what it runs or which file it touches."""
-    if isinstance(tool_input, dict):
-        for key in ("description", "command", "file_path", "path", "pattern", "url"):
-            value = tool_input.get(key)
-            if isinstance(value, str) and value:
-                return f"{name}: {value[:200]}"
-    return name
-
-
-def usage_payload(result: Any) -> dict[str, Any]:
-    usage = result.usage or {}
-    details = usage.get("output_tokens_details") or {}
-
-    def _int(value: Any) -> int | None:
-        return int(value) if isinstance(value, int | float) else None
-
-    cost = result.total_cost_usd
-    return {
-        "input_tokens": _int(usage.get("input_tokens")),
-        "output_tokens": _int(usage.get("output_tokens")),
-        "cached_input_tokens": _int(usage.get("cache_read_input_tokens")),
-        "reasoning_tokens": _int(details.get("thinking_tokens")),
-        "cost_usd": float(cost) if isinstance(cost, int | float) else None,
-    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,7 +81,6 @@ def usage_payload(result: Any) -> dict[str, Any]:
 
 class ClaudeAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # file_change is not declared: the SDK reports tool calls, not file changes.
     # Declared once, in the registry, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = CAPABILITIES["claude-agent-sdk"]
 
@@ -285,6 +99,8 @@ class ClaudeAdapter(Adapter):
         self._launcher_used = False
         self._pending_diagnostics: list[str] = []
         self.connect_seconds: float | None = None  # measured, for driver.started timings
+        self._cwd = Path(config.session.cwd).resolve()
+        self._cost_total = 0.0  # the CLI's running cost total at the last result
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -340,6 +156,7 @@ class ClaudeAdapter(Adapter):
             ) from None
         self.connect_seconds = time.monotonic() - started
         self._client = client
+        self._cost_total = 0.0  # a new CLI process counts its cost from zero
         self._session_id = session_id
 
     def _options(self, *, resume: str | None, session_id: str | None) -> Any:
@@ -348,11 +165,21 @@ class ClaudeAdapter(Adapter):
         env = provider_environment(config.env, config.state_dir)
         servers, problems = mcp_servers(execution.mcp_servers, execution.environment)
         self._pending_diagnostics = problems
+        # Skills (PROTOCOL §6.4) the native way: linked into the user skills folder of our own
+        # CLAUDE_CONFIG_DIR, with the "user" settings source on so Claude Code lists them. That
+        # source reads only files under the driver's state_dir; the project's settings stay off.
+        skills = instructions.installed_skills(Path(config.session.cwd), execution.skills)
+        if skills:
+            instructions.link_skills(skills, Path(env["CLAUDE_CONFIG_DIR"]) / "skills")
+        driver_text = instructions.compose(execution, config.session, own_prompt=False)
+        if skills:
+            # Claude Code lists skills by name and description only; the model also learns where they are.
+            driver_text += "\n\n" + instructions.skill_paths_paragraph(skills)
         kwargs: dict[str, Any] = {
             "cwd": config.session.cwd,
-            "system_prompt": system_prompt(execution),
+            "system_prompt": system_prompt(execution, driver_text),
             "include_partial_messages": True,
-            "setting_sources": [],
+            "setting_sources": ["user"] if skills else [],
             "env": env,
             "stderr": self._on_stderr,
             "mcp_servers": servers,
@@ -403,7 +230,9 @@ class ClaudeAdapter(Adapter):
             return call
 
         definitions = [
-            sdk.SdkMcpTool(name=t.name, description=t.description, input_schema=t.input_schema, handler=handler(t.name))
+            sdk.SdkMcpTool(
+                name=t.name, description=t.description, input_schema=sdk_schema(t.input_schema), handler=handler(t.name)
+            )
             for t in tools
         ]
         return sdk.create_sdk_mcp_server("host", tools=definitions)
@@ -485,12 +314,13 @@ class ClaudeAdapter(Adapter):
         client = self._client
         if client is None:
             raise ProviderError("provider.not_running", "the Claude Code CLI is not running", retryable=True)
+        content = self._content(self._recovery_pending + run_input.text, run_input)
         self._cancelling = False
-        translator = TurnTranslator(run_id, self._tools_started, self._refused)
+        translator = TurnTranslator(run_id, self._tools_started, self._refused, self.config.session.cwd)
         self._translator = translator
         prompt_uuid = str(uuid.uuid4())
         try:
-            await client.query(_one(_user_message(self._recovery_pending + run_input.text, prompt_uuid)))
+            await client.query(_one(_user_message(content, prompt_uuid)))
             self._recovery_pending = ""
             result = await self._drain(client, translator, prompt_uuid)
         except ProviderError:
@@ -506,6 +336,20 @@ class ClaudeAdapter(Adapter):
             self._translator = None
         return await self._outcome(result, translator)
 
+    def _content(self, text: str, run_input: RunInput) -> str | list[dict[str, Any]]:
+        """The prompt, with image attachments as image blocks (other files are named in the text by
+        the kernel, for the model to read with its tools)."""
+        try:
+            local = attachments.local(self._cwd, run_input.attachments)
+            images = [
+                {"type": "image", "source": {"type": "base64", "media_type": a.mime_type, "data": a.base64()}}
+                for a in local
+                if a.kind == "image"
+            ]
+        except (attachments.AttachmentRefused, OSError) as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
+        return [{"type": "text", "text": text}, *images] if images else text
+
     async def _drain(self, client: Any, translator: TurnTranslator, prompt_uuid: str) -> Any:
         """Read messages until this turn's result; emit as they come."""
         async for message in client.receive_messages():
@@ -513,8 +357,11 @@ class ClaudeAdapter(Adapter):
                 continue  # a late result of an earlier, interrupted turn must not end this one
             await self._note_session(getattr(message, "session_id", None) or _init_session(message))
             translator.cancelling = self._cancelling
-            for kind, payload in translator.translate(message):
-                await self.ports.emit(kind, payload)
+            for out in translator.translate(message):
+                if isinstance(out, FileTouched):
+                    await self._file_touched(out)
+                else:
+                    await self.ports.emit(*out)
             if isinstance(message, sdk.ResultMessage):
                 for kind, payload in translator.close_open_items():
                     await self.ports.emit(kind, payload)
@@ -536,6 +383,12 @@ class ClaudeAdapter(Adapter):
 
     async def _outcome(self, result: Any, translator: TurnTranslator) -> TurnOutcome:
         usage = usage_payload(result)
+        total = usage["cost_usd"]
+        if total is not None:
+            # Claude Code reports the session's running total; a run's usage is its own share. A total
+            # below the last one means the CLI started counting again (a new process).
+            usage["cost_usd"] = round(total - self._cost_total if total >= self._cost_total else total, 9)
+            self._cost_total = total
         await self.ports.emit("usage.updated", usage)
         common: dict[str, Any] = {
             "final_message_id": translator.final_message_id,
@@ -571,6 +424,18 @@ class ClaudeAdapter(Adapter):
         with anyio.move_on_after(INTERRUPT_TIMEOUT_S), contextlib.suppress(Exception):
             await client.interrupt()
 
+    async def _file_touched(self, touched: FileTouched) -> None:
+        """A file tool succeeded: report the file as `file.changed` if it is inside the allowed roots."""
+        try:
+            path = self.ports.files.admit(touched.path)
+        except PathNotAllowed:
+            return
+        digest = await anyio.to_thread.run_sync(sha256_of, path)
+        change = "deleted" if digest is None else ("created" if touched.created else "modified")
+        await self.ports.emit(
+            "file.changed", {"path": relative_to_cwd(path, self._cwd), "change": change, "sha256": digest}
+        )
+
     # -- permissions -------------------------------------------------------------------------------
 
     async def _can_use_tool(self, tool_name: str, tool_input: dict[str, Any], context: Any) -> Any:
@@ -580,7 +445,8 @@ class ClaudeAdapter(Adapter):
         tool_call_id = context.tool_use_id or f"perm-{uuid.uuid4().hex[:12]}"
         # PROTOCOL §6.2: a permission request names its tool call, so the call has started by now.
         if self._translator is not None:
-            for kind, payload in self._translator.tool_started(tool_call_id, tool_name, tool_input):
+            parent = self._translator.parent_for_agent(context.agent_id)
+            for kind, payload in self._translator.tool_started(tool_call_id, tool_name, tool_input, parent):
                 await self.ports.emit(kind, payload)
         label = context.display_name or tool_name
         detail = context.description or context.title or tool_title(tool_name, tool_input)
@@ -604,12 +470,12 @@ class ClaudeAdapter(Adapter):
         return sdk.PermissionResultDeny(message="The user declined this tool call.")
 
 
-def _user_message(text: str, prompt_uuid: str) -> dict[str, Any]:
+def _user_message(content: str | list[dict[str, Any]], prompt_uuid: str) -> dict[str, Any]:
     # Our own uuid on the prompt comes back as the result's `user_message_uuid`: that is how a turn
     # knows its own result.
     return {
         "type": "user",
-        "message": {"role": "user", "content": text},
+        "message": {"role": "user", "content": content},
         "parent_tool_use_id": None,
         "session_id": "default",
         "uuid": prompt_uuid,

@@ -86,12 +86,16 @@ def mcp_servers(
     return native, problems
 
 
-def system_prompt(execution: ExecutionConfig) -> str | dict[str, str]:
+def system_prompt(execution: ExecutionConfig, driver_text: str = "") -> str | dict[str, str]:
     """An empty prompt means "the provider's own": Claude Code's preset, which teaches the model its
-    tools. A non-empty one replaces it, as the execution snapshot asks."""
+    tools, with the driver's paragraph appended. A non-empty one replaces it, as the execution
+    snapshot asks, and the driver's paragraph follows it."""
     if execution.system_prompt:
-        return execution.system_prompt
-    return {"type": "preset", "preset": "claude_code"}
+        return "\n\n".join(p for p in (execution.system_prompt, driver_text) if p)
+    preset: dict[str, str] = {"type": "preset", "preset": "claude_code"}
+    if driver_text:
+        preset["append"] = driver_text
+    return preset
 
 
 def bundled_cli() -> Path | None:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import anyio
 import structlog
 
+from driver.adapters import attachments, codex_notices, codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -47,6 +48,7 @@ from driver.adapters.process import ProviderProcess
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
+from driver.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 
@@ -58,9 +60,7 @@ _PLATFORMS = {
     "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
     "arm64": ("linux-arm64", "aarch64-unknown-linux-musl"),
 }
-_IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp"})
 _HELPER_NAMES = ("codex-linux-sandbox",)
-_ITEM_APPROVALS = ("item/commandExecution/requestApproval", "item/fileChange/requestApproval")
 
 
 def codex_binary(project_root: Path, machine: str | None = None) -> Path:
@@ -124,7 +124,13 @@ class CodexAdapter(Adapter):
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
         try:
             settings = settings_from(self.config.execution)
-            text, extra_env = render_config(settings, self.config.execution.mcp_servers, host_mcp_url)
+            text, extra_env = render_config(
+                settings,
+                self.config.execution.mcp_servers,
+                host_mcp_url,
+                # Set by the kernel when the boot payload names a collector (driver.telemetry.room).
+                otlp_endpoint=self.config.env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            )
         except CodexConfigError as exc:
             raise ProviderError("provider.config", str(exc)) from None
         if settings.base_url is not None and settings.env_key not in self.config.env:
@@ -135,6 +141,10 @@ class CodexAdapter(Adapter):
         home = self.config.state_dir / "codex-home"
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         (home / "config.toml").write_text(text)
+        # Skills (PROTOCOL §6.4) the native way: Codex lists what CODEX_HOME/skills holds to the model.
+        skills = instructions.installed_skills(self._cwd, self.config.execution.skills)
+        if skills:
+            instructions.link_skills(skills, home / "skills")
         return home, extra_env
 
     def _helper_aliases(self, binary: Path) -> Path:
@@ -201,8 +211,9 @@ class CodexAdapter(Adapter):
             "approvalPolicy": self._settings.approval_policy,
             "sandbox": self._settings.sandbox,
         }
-        if self.config.execution.system_prompt:
-            params["developerInstructions"] = self.config.execution.system_prompt
+        # The execution's prompt and the driver's paragraph ride as developer instructions (Codex keeps
+        # its own base instructions); skills are in CODEX_HOME/skills, which Codex lists itself.
+        params["developerInstructions"] = instructions.compose(self.config.execution, self.config.session)
         if self._settings.config_overrides:
             params["config"] = self._settings.config_overrides
         return params
@@ -296,13 +307,13 @@ class CodexAdapter(Adapter):
 
     # -- requests to Codex ---------------------------------------------------------------------
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+    async def _call(self, method: str, params: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
         """A request that fails with `provider.crashed` if Codex dies before answering."""
         peer, proc = self._peer, self._proc
         if peer is None or proc is None:
             raise ProviderError("provider.not_started", "codex is not running")
         try:
-            return await peer.request(method, params)
+            return await peer.request(method, params, extra=extra)
         except PeerClosed:
             raise await self._crashed(f"codex exited during {method}") from None
 
@@ -330,15 +341,13 @@ class CodexAdapter(Adapter):
             lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
             lines += [f"{role}: {said}" for role, said in self._recovery_pending]
             text = "\n".join(lines) + "\n\n" + text
-        # The kernel downloads attachments into cwd/inputs/ before the run. Images go to the model as
-        # images; any other file is named in the text for the agent to open with its tools.
-        images: list[dict[str, Any]] = []
-        for attachment in run_input.attachments:
-            path = self._cwd / "inputs" / attachment.name
-            if path.suffix.lower() in _IMAGE_SUFFIXES:
-                images.append({"type": "localImage", "path": str(path)})
-            else:
-                text += f"\n\nAttached file: inputs/{attachment.name}"
+        # The kernel downloads attachments into cwd/inputs/ before the run and names them in the text;
+        # images also go to the model as images.
+        try:
+            local = attachments.local(self._cwd, run_input.attachments, max_image_bytes=None)
+        except attachments.AttachmentRefused as exc:
+            raise ProviderError("command.invalid", str(exc)) from None
+        images = [{"type": "localImage", "path": str(a.path)} for a in local if a.kind == "image"]
         return [{"type": "text", "text": text}, *images]
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
@@ -360,8 +369,12 @@ class CodexAdapter(Adapter):
                 tg.start_soon(self._interrupt_when_asked, turn)
                 tg.start_soon(self._watch_exit, peer, proc, ended)
                 try:
+                    # The run's trace context rides on the request (Codex's JSON-RPC `trace` field).
+                    traceparent = tracing.run_traceparent()
                     result = await self._call(
-                        "turn/start", {"threadId": self._thread_id, "input": self._input_items(run_input)}
+                        "turn/start",
+                        {"threadId": self._thread_id, "input": self._input_items(run_input)},
+                        {"trace": {"traceparent": traceparent}} if traceparent else None,
                     )
                     started = result.get("turn") if isinstance(result, dict) else None
                     if turn.turn_id is None and isinstance(started, dict) and isinstance(started.get("id"), str):
@@ -466,6 +479,18 @@ class CodexAdapter(Adapter):
     # -- notifications and server requests -----------------------------------------------------
 
     async def _on_notification(self, method: str, params: Any) -> None:
+        if method == "serverRequest/resolved":
+            # Resolved without our answer (e.g. its turn was interrupted): stop waiting for a decision.
+            # After our own answer this finds nothing to stop.
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            if self._peer is not None and isinstance(request_id, int | str):
+                self._peer.cancel_incoming(request_id)
+            return
+        if method in codex_notices.NOTICES:
+            notice = codex_notices.diagnostic(method, params)
+            if notice is not None:
+                await self.ports.emit("diagnostic.reported", notice)
+            return
         turn = self._turn
         if turn is None or not turn.concerns(params):
             return
@@ -473,7 +498,10 @@ class CodexAdapter(Adapter):
         for out in turn.handle(method, params):
             if isinstance(out, FileTouched):
                 digest = None if out.change == "deleted" else await anyio.to_thread.run_sync(_sha256, out.path)
-                await self.ports.emit("file.changed", {"path": out.relpath, "change": out.change, "sha256": digest})
+                if (out.path, digest) not in turn.reported_files:
+                    turn.reported_files.add((out.path, digest))
+                    payload = {"path": out.relpath, "change": out.change, "sha256": digest}
+                    await self.ports.emit("file.changed", payload)
             else:
                 await self.ports.emit(*out)
         if turn.end is not None:
@@ -484,36 +512,14 @@ class CodexAdapter(Adapter):
     async def _on_request(self, method: str, params: Any) -> Any:
         if method == "mcpServer/elicitation/request" and isinstance(params, dict):
             return await self._mcp_elicitation(params)
-        if method not in _ITEM_APPROVALS or not isinstance(params, dict):
+        if method not in codex_requests.APPROVALS or not isinstance(params, dict):
             raise JsonRpcError(METHOD_NOT_FOUND, f"agent-driver does not handle {method}")
-        item_id = str(params.get("itemId") or "")
-        offered = params.get("availableDecisions")
-        # Offer "always" only where Codex lists it (a command prompt may not).
-        always = not isinstance(offered, list) or "acceptForSession" in offered
-        options = [PermissionOption("accept", "allow_once", "Allow once")]
-        if always:
-            options.append(PermissionOption("acceptForSession", "allow_always", "Allow for this session"))
-        options.append(PermissionOption("decline", "reject_once", "Decline"))
-        if method == "item/commandExecution/requestApproval":
-            command = str(params.get("command") or "")
-            request = PermissionRequest(
-                tool_call_id=item_id,
-                title=f"Run: {command}" if command else "Run a command",
-                options=tuple(options),
-                tool_name="shell",
-                tool_input={"command": command, "cwd": params.get("cwd"), "reason": params.get("reason")},
-            )
-        else:
-            paths = self._turn.change_paths.get(item_id, []) if self._turn is not None else []
-            request = PermissionRequest(
-                tool_call_id=item_id,
-                title="Edit " + ", ".join(paths) if paths else "Apply file changes",
-                options=tuple(options),
-                tool_name="apply_patch",
-                tool_input={"changes": paths, "reason": params.get("reason"), "grant_root": params.get("grantRoot")},
-            )
+        turn = self._turn
+        request = codex_requests.permission_request(
+            method, params, lambda item_id: turn.change_paths.get(item_id, []) if turn is not None else []
+        )
         decision = await self.ports.permissions.request(request)
-        return {"decision": _codex_decision(decision)}
+        return codex_requests.answer(method, params, decision)
 
     async def _mcp_elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
         """Codex asks before an MCP tool call with a form elicitation marked `mcp_tool_call`; that is a
@@ -544,11 +550,3 @@ def _elicitation_action(decision: PermissionDecision) -> dict[str, Any]:
     if decision.outcome == "allowed":
         return {"action": "accept", "content": {}}
     return {"action": "cancel" if decision.outcome == "cancelled" else "decline"}
-
-
-def _codex_decision(decision: PermissionDecision) -> str:
-    if decision.outcome == "allowed":
-        return "acceptForSession" if decision.option_kind == "allow_always" else "accept"
-    if decision.outcome == "cancelled":
-        return "cancel"  # the run is being cancelled: Codex also interrupts the turn
-    return "decline"  # rejected, or timed out: the turn goes on without the tool

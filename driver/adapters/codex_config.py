@@ -168,7 +168,10 @@ HOST_TOKEN_ENV = "AGENT_DRIVER_HOST_MCP_TOKEN"
 
 
 def render_config(
-    settings: CodexSettings, mcp_servers: Sequence[McpServer] = (), host_mcp_url: str | None = None
+    settings: CodexSettings,
+    mcp_servers: Sequence[McpServer] = (),
+    host_mcp_url: str | None = None,
+    otlp_endpoint: str | None = None,
 ) -> tuple[str, dict[str, str]]:
     """The config.toml text, and extra environment variables for the Codex process.
 
@@ -197,6 +200,13 @@ def render_config(
     # unreachable endpoint into a long hang; the shell snapshot spawns a login shell per session.
     lines += _table("features", {"plugins": False, "unbounded_connection_retries": False, "shell_snapshot": False})
     lines += _table("analytics", {"enabled": False})
+    if otlp_endpoint:
+        # Codex's own spans go to the driver's collector (PROTOCOL §6.6), parented by the `trace` field
+        # of each turn/start. Traces only; header values would have to be written here, so none are.
+        exporter = {
+            "otlp-http": {"endpoint": otlp_endpoint.rstrip("/") + "/v1/traces", "protocol": "binary", "headers": {}}
+        }
+        lines += _table("otel", {"exporter": "none", "metrics_exporter": "none", "trace_exporter": exporter})
     # Our `host` server (the control plane's tools) takes the name; a configured server of that name yields.
     servers = [m for m in mcp_servers if host_mcp_url is None or m.name != "host"]
     # Under full_access Codex must not ask about MCP tools either; otherwise each call is a permission request.

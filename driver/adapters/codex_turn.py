@@ -67,6 +67,8 @@ class CodexTurn:
     started_tools: set[str] = field(default_factory=set)
     # Paths of an in-flight file change, for the approval prompt's title.
     change_paths: dict[str, list[str]] = field(default_factory=dict)
+    # (absolute path, sha256) of every file.changed of this turn: a file state is reported once.
+    reported_files: set[tuple[str, str | None]] = field(default_factory=set)
     _started: set[str] = field(default_factory=set)
     _completed: set[str] = field(default_factory=set)
     _thought_text: dict[str, str] = field(default_factory=dict)
@@ -104,6 +106,13 @@ class CodexTurn:
                 return self._delta("thought", _str(params.get("itemId")), _str(params.get("delta")))
             case "item/commandExecution/outputDelta" | "item/fileChange/outputDelta":
                 return self._tool_delta(_str(params.get("itemId")), _str(params.get("delta")))
+            case "item/mcpToolCall/progress":
+                progress = _str(params.get("message"))
+                return self._tool_delta(_str(params.get("itemId")), progress + "\n" if progress else "")
+            case "turn/diff/updated":
+                # The turn's whole diff so far: every file in it is reported (the adapter skips a file
+                # state it already reported from a fileChange item).
+                return list(self._diff_files(_str(params.get("diff"))))
             case "turn/plan/updated":
                 return [("plan.updated", {"entries": self._plan(params.get("plan"))})]
             case "thread/tokenUsage/updated":
@@ -240,6 +249,27 @@ class CodexTurn:
             out.append(FileTouched(path, self._rel(path), change_type))
         return out
 
+    def _diff_files(self, diff: str) -> list[FileTouched]:
+        out: list[FileTouched] = []
+        old: str | None = None
+        for line in diff.splitlines():
+            if line.startswith("--- "):
+                old = _diff_path(line[4:], "a/")
+            elif line.startswith("+++ ") and old is not None:
+                new = _diff_path(line[4:], "b/")
+                if new is None:
+                    out.append(FileTouched(self._abs(old), self._rel(self._abs(old)), "deleted"))
+                else:
+                    if old is not None and old != new and old != "/dev/null":
+                        out.append(FileTouched(self._abs(old), self._rel(self._abs(old)), "deleted"))
+                    change = "created" if old in ("/dev/null", None) or old != new else "modified"
+                    out.append(FileTouched(self._abs(new), self._rel(self._abs(new)), change))
+                old = None
+        return out
+
+    def _abs(self, path: str) -> str:
+        return os.path.normpath(os.path.join(self.cwd, path))
+
     def _rel(self, path: str) -> str:
         return os.path.relpath(path, self.cwd)
 
@@ -284,6 +314,15 @@ class CodexTurn:
     @property
     def usage_payload(self) -> dict[str, Any]:
         return {**self.usage, "cost_usd": None}
+
+
+def _diff_path(text: str, prefix: str) -> str | None:
+    """The path of a unified diff's `---`/`+++` line (`/dev/null` stays as is on the old side; None
+    for a deleted file's new side)."""
+    path = text.split("\t", 1)[0].strip()
+    if path == "/dev/null":
+        return None if prefix == "b/" else path
+    return path[len(prefix) :] if path.startswith(prefix) else path
 
 
 def _describe_error(error: dict[str, Any]) -> str:

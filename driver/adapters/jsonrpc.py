@@ -105,16 +105,16 @@ class JsonRpcPeer:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                 raise PeerClosed(f"{self.name}: cannot write: {type(exc).__name__}") from exc
 
-    async def request(self, method: str, params: Any = None) -> Any:
+    async def request(self, method: str, params: Any = None, *, extra: dict[str, Any] | None = None) -> Any:
         """Send a request and wait for its answer. Raises JsonRpcError for an error answer and
-        PeerClosed if the peer goes away first."""
+        PeerClosed if the peer goes away first. `extra`: more top-level fields (Codex's `trace`)."""
         if self.closed.is_set():
             raise PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
         request_id = self._next_id
         self._next_id += 1
         pending = _Pending()
         self._pending[request_id] = pending
-        message = self._envelope() | {"id": request_id, "method": method}
+        message = self._envelope() | (extra or {}) | {"id": request_id, "method": method}
         if params is not None:
             message["params"] = params
         try:
@@ -238,6 +238,10 @@ class JsonRpcPeer:
         except Exception:
             # A bug in one handler must not kill the connection to the provider.
             log.exception("jsonrpc.notification_handler_failed", peer=self.name, method=method)
+
+    def cancel_incoming(self, request_id: RequestId) -> None:
+        """Stop handling a request of the peer's that the peer no longer waits for (no answer needed)."""
+        self._cancel_incoming({"requestId": request_id})
 
     def _cancel_incoming(self, params: Any) -> None:
         # ACP v1 names the cancelled request `requestId`; LSP-style peers use `id`. Accept both.

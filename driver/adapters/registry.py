@@ -18,9 +18,9 @@ _STREAMS = frozenset({"text_stream", "thinking_stream", "tool_stream", "permissi
 # What each runtime's adapter declares, readable without importing it (the `hello` frame is built
 # before any provider SDK is loaded). tests/adapters/test_registry.py keeps it equal to the classes'.
 CAPABILITIES: dict[str, frozenset[str]] = {
-    "claude-agent-sdk": _STREAMS | {"host_tools"},
+    "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
     "openai-app-server": _STREAMS | {"host_tools", "file_change"},
-    "acp": _STREAMS | {"host_tools", "file_change"},
+    "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
 }
 
 

@@ -2,9 +2,14 @@
 
 agent-driver controlplane [serve] --db cp.db --token-file cp.token [--host 127.0.0.1] [--port 8765]
                           [--http-port 8766] [--instance ID ...] [--heartbeat-ms 5000]
-    Serve ws://HOST:PORT/driver and the HTTP API on http://127.0.0.1:HTTP_PORT. The token file holds
-    the bearer token (created with a random token, mode 0600, when missing). Without --instance the
-    token may drive any instance id.
+                          [--http-host 127.0.0.1 --console-token-file console.token] [--artifacts ID=DIR ...]
+    Serve ws://HOST:PORT/driver, and the HTTP API and the web console on http://HTTP_HOST:HTTP_PORT. The
+    token file holds the bearer token (created with a random token, mode 0600, when missing). Without
+    --instance the token may drive any instance id. The console needs its own token: the one in
+    --console-token-file (created when missing), else a random one for this process, printed in the
+    console's login URL. A non-loopback --http-host needs --console-token-file, and then every request
+    on that port needs the console token. --artifacts names where an instance's cwd is readable here,
+    so its artifacts can be downloaded.
 
 agent-driver controlplane send --url http://127.0.0.1:8766 --token-file cp.token --instance ID
                           --kind input.start [--run-id R] [--text "..."] [--field key=value ...]
@@ -84,7 +89,12 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--token-file", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--http-port", type=int, default=8766, help="HTTP API port on 127.0.0.1 (-1: no API)")
+    p.add_argument("--http-port", type=int, default=8766, help="HTTP API and console port (-1: neither)")
+    p.add_argument("--http-host", default="127.0.0.1", help="HTTP host (not loopback: needs --console-token-file)")
+    p.add_argument("--console-token-file", type=Path, help="the console's token (created when missing)")
+    p.add_argument(
+        "--artifacts", action="append", default=[], metavar="ID=DIR", help="instance ID's cwd, as seen from here"
+    )
     p.add_argument("--instance", action="append", default=None, help="allowed instance id (repeatable)")
     p.add_argument("--heartbeat-ms", type=int, default=5000)
     p.add_argument("--tls-cert", type=Path, help="serve wss:// with this certificate chain (PEM)")
@@ -92,15 +102,43 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
 
+    from driver.controlplane.console import is_loopback
     from driver.logs import REDACTOR, configure
 
+    if not is_loopback(args.http_host) and args.console_token_file is None:
+        print(
+            f"agent-driver controlplane: --http-host {args.http_host} is not loopback; "
+            "it needs --console-token-file (every request on that port then needs that token)",
+            file=sys.stderr,
+        )
+        return 2
+    artifact_roots = _artifact_roots(args.artifacts)
     token = read_or_create_token(args.token_file)
-    REDACTOR.add([token])
+    console_token = (
+        secrets.token_urlsafe(24) if args.console_token_file is None else read_or_create_token(args.console_token_file)
+    )
+    REDACTOR.add([token, console_token])
     configure(args.log_level)
-    return asyncio.run(_run_server(args, token))
+    return asyncio.run(_run_server(args, token, console_token, artifact_roots))
 
 
-async def _run_server(args: argparse.Namespace, token: str) -> int:
+def _artifact_roots(pairs: list[str]) -> dict[str, Path]:
+    roots: dict[str, Path] = {}
+    for pair in pairs:
+        instance, sep, folder = pair.partition("=")
+        if not sep or not instance or not folder:
+            raise SystemExit(f"--artifacts expects ID=DIR, got {pair!r}")
+        roots[instance] = Path(folder)
+    return roots
+
+
+def console_login_url(http_url: str, token: str, show_token: bool) -> str:
+    """The console's URL; with `show_token` a one-click login link (the token is this process's own)."""
+    return f"{http_url}/?{urllib.parse.urlencode({'token': token})}" if show_token else f"{http_url}/"
+
+
+async def _run_server(args: argparse.Namespace, token: str, console_token: str, roots: dict[str, Path]) -> int:
+    from driver.controlplane.console import ConsoleConfig
     from driver.controlplane.server import ControlPlane
 
     context = None
@@ -115,6 +153,7 @@ async def _run_server(args: argparse.Namespace, token: str) -> int:
         http_port=None if args.http_port < 0 else args.http_port,
         heartbeat_interval_ms=args.heartbeat_ms,
         ssl_context=context,
+        console=ConsoleConfig(token=console_token, host=args.http_host, artifact_roots=roots),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -122,6 +161,11 @@ async def _run_server(args: argparse.Namespace, token: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with cp:
         print(f"control plane: {cp.url}  api: {cp.http_url or '-'}", file=sys.stderr, flush=True)
+        if cp.http_url is not None:
+            shown = args.console_token_file is None
+            where = "" if shown else f" (log in with the token in {args.console_token_file})"
+            url = console_login_url(cp.http_url, console_token, shown)
+            print(f"console: {url}{where}", file=sys.stderr, flush=True)
         await stop.wait()
     return 0
 

@@ -1,13 +1,15 @@
-"""The control plane's local HTTP JSON API, on its own loopback port.
+"""The control plane's HTTP JSON API, on its own port (loopback unless the console guards it).
 
 It is a separate listener because the `websockets` handshake parser refuses any request with a body, so
 `process_request` cannot serve `POST`. The HTTP/1.1 handling here is deliberately minimal (one request
 per connection, `Content-Length` bodies up to 1 MiB): it serves a CLI and tests on the same machine,
-nothing else. Every route except `/api/health` needs the same bearer token as the driver link.
+nothing else. Every route except `/api/health` needs the same bearer token as the driver link, or the
+web console's token. With a console (`ControlPlane(console=...)`) the same port serves it at `/` (see
+`driver/controlplane/console/`), and may bind a non-loopback host, where every request needs that token.
 
 Routes:
     GET  /api/health
-    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat, driver_url
+    GET  /api/instances/{id}                   link state, highest epoch, last hello and heartbeat, activity, driver_url
     POST /api/instances/{id}/commands          {"kind": ..., "command_id"?: ..., ...fields} -> {command_id, seq}
     GET  /api/instances/{id}/commands
     GET  /api/instances/{id}/events?after_seq=N&kind=K&run_id=R&limit=L&wait_ms=W
@@ -30,56 +32,83 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import msgspec
 import structlog
 
+from driver.controlplane.console.httpio import MAX_HEAD, HttpError, Request, read_request, respond_json
 from driver.controlplane.server import sendable_close_code
 from driver.controlplane.store import CommandExists
+from driver.telemetry.activity import describe as describe_activity
 
 if TYPE_CHECKING:
+    from driver.controlplane.console.routes import Console
     from driver.controlplane.server import ControlPlane
 
 log = structlog.get_logger("agent_driver.controlplane.http")
 
 MAX_BODY = 1024 * 1024
-MAX_HEAD = 64 * 1024
 DEFAULT_EVENT_LIMIT = 1000
 MAX_WAIT_MS = 600_000
 READ_TIMEOUT_S = 30
 
 Answer = tuple[int, Any]
 
-
-class HttpError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+__all__ = ["HttpApi", "HttpError", "HttpListener", "start_http_api"]
 
 
-async def start_http_api(cp: ControlPlane, port: int) -> asyncio.Server:
-    api = HttpApi(cp)
-    # Loopback only, whatever host the WebSocket listener uses: this API can steer any instance.
-    return await asyncio.start_server(api.serve_connection, "127.0.0.1", port, limit=MAX_HEAD)
+class HttpListener:
+    """The listening socket plus the console's open streams, which a close must end too (an
+    `asyncio.Server` does not wait for, or close, connections it already handed out)."""
+
+    def __init__(self, server: asyncio.Server, console: Console | None) -> None:
+        self.server = server
+        self.console = console
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        self.server.close()
+        if self.console is not None:
+            self.console.close_streams()
+
+    async def wait_closed(self) -> None:
+        await self.server.wait_closed()
+
+
+async def start_http_api(cp: ControlPlane, port: int) -> HttpListener:
+    console = None
+    host = "127.0.0.1"
+    if cp.console_config is not None:
+        from driver.controlplane.console.routes import Console
+
+        console = Console(cp, cp.console_config)
+        host = cp.console_config.host
+    # Loopback unless a console token guards every request: this API can steer any instance.
+    api = HttpApi(cp, console)
+    server = await asyncio.start_server(api.serve_connection, host, port, limit=MAX_HEAD)
+    return HttpListener(server, console)
 
 
 class HttpApi:
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, console: Console | None = None) -> None:
         self.cp = cp
+        self.console = console
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                status, body = await self._read_and_dispatch(reader)
+                request = await read_request(reader)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
+                await respond_json(writer, HTTPStatus.BAD_REQUEST, {"error": "malformed request"})
+                return
+            if self.console is not None and await self.console.handle(request, writer):
+                return
+            try:
+                status, body = await self._answer(request)
             except HttpError as exc:
                 status, body = exc.status, {"error": exc.message}
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
+            except (asyncio.IncompleteReadError, ValueError, TimeoutError):
                 status, body = HTTPStatus.BAD_REQUEST, {"error": "malformed request"}
-            data = json.dumps(body).encode()
-            reason = HTTPStatus(status).phrase
-            writer.write(
-                f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                + data
-            )
-            await writer.drain()
+            await respond_json(writer, status, body)
         except ConnectionError:
             pass
         finally:
@@ -87,28 +116,17 @@ class HttpApi:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _read_and_dispatch(self, reader: asyncio.StreamReader) -> Answer:
+    async def _answer(self, request: Request) -> Answer:
         # The time limit is for reading the request; answering may take longer (events?wait_ms=).
         async with asyncio.timeout(READ_TIMEOUT_S):
-            method, target, headers, body = await self._read(reader)
-        return await self.dispatch(method.upper(), target, headers.get("authorization"), body)
+            body = await request.body(MAX_BODY)
+        # The console's token (from its login cookie or a bearer header) may drive every instance.
+        operator = self.console is not None and self.console.authorized(request)
+        return await self.dispatch(request.method, request.target, request.headers.get("authorization"), body, operator)
 
-    async def _read(self, reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, _version = lines[0].split(" ", 2)
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        if length > MAX_BODY:
-            raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body over 1 MiB")
-        body = await reader.readexactly(length) if length else b""
-        return method, target, headers, body
-
-    async def dispatch(self, method: str, target: str, authorization: str | None, body: bytes) -> Answer:
+    async def dispatch(
+        self, method: str, target: str, authorization: str | None, body: bytes, operator: bool = False
+    ) -> Answer:
         """Route one request; returns (status, JSON-able body). Raises HttpError for failures."""
         url = urlsplit(target)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
@@ -117,7 +135,7 @@ class HttpApi:
             return HTTPStatus.OK, {"ok": True}
         if parts[:1] != ["api"]:
             raise HttpError(HTTPStatus.NOT_FOUND, "not found")
-        allowed = self.cp.token_allows(authorization)
+        allowed = True if operator else self.cp.token_allows(authorization)
         if allowed is False:
             raise HttpError(HTTPStatus.UNAUTHORIZED, "bad or missing bearer token")
         if parts == ["api", "faults"]:
@@ -156,12 +174,17 @@ class HttpApi:
         raise HttpError(HTTPStatus.NOT_FOUND, "not found")
 
     def _instance(self, instance_id: str) -> dict[str, Any]:
+        beat = self.cp.last_heartbeat(instance_id)
+        activity = beat.get("activity") if beat else None
         return {
             "instance_id": instance_id,
             "connected": self.cp.connected(instance_id),
             "highest_epoch": self.cp.store.highest_epoch(instance_id),
             "hello": self.cp.hello(instance_id),
-            "last_heartbeat": self.cp.last_heartbeat(instance_id),
+            "last_heartbeat": beat,
+            # The provider tree's activity from the last heartbeat (PROTOCOL §2.5), and one line of it.
+            "activity": activity,
+            "activity_line": describe_activity(activity),
             "events_stored": self.cp.store.count_events(instance_id),
             "driver_url": self.cp.url,  # what a boot payload's control.url should say (`controlplane boot`)
         }

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import structlog
@@ -48,6 +48,10 @@ from driver.protocol.frames import (
     decode_driver_frame,
     encode,
 )
+
+if TYPE_CHECKING:
+    from driver.controlplane.console.config import ConsoleConfig
+    from driver.controlplane.http_api import HttpListener
 
 log = structlog.get_logger("agent_driver.controlplane")
 
@@ -106,6 +110,7 @@ class ControlPlane:
         hello_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        console: ConsoleConfig | None = None,
     ) -> None:
         self.db_path = Path(db_path)
         self.host = host
@@ -120,6 +125,8 @@ class ControlPlane:
         self.close_timeout_s = close_timeout_s
         # With a server TLS context the link is wss:// (the HTTP API stays plain, on loopback).
         self.ssl_context = ssl_context
+        # With a console config the HTTP port also serves the web console (and may leave loopback).
+        self.console_config = console
         self.faults = Faults()
         self._tokens: dict[str, frozenset[str] | None] = {
             t: (None if ids is None else frozenset(ids)) for t, ids in tokens.items()
@@ -130,7 +137,7 @@ class ControlPlane:
         # One broker for the object's life: subscriptions and waits carry over a restart().
         self._live = Broker()
         self._server: Server | None = None
-        self._http: asyncio.Server | None = None
+        self._http: HttpListener | None = None
         self.stopping = False  # set while stop() runs: ends the HTTP API's long polls (events?wait_ms=)
         self._writer: GroupWriter | None = None
         self._reader: Store | None = None
@@ -174,7 +181,7 @@ class ControlPlane:
         self.port = self._server.sockets[0].getsockname()[1]
         if self.http_port is not None:
             self._http = await start_http_api(self, self.http_port)
-            self.http_port = self._http.sockets[0].getsockname()[1]
+            self.http_port = self._http.port
         log.info("controlplane.started", url=self.url, http_url=self.http_url, db=str(self.db_path))
 
     async def stop(self, close_code: int = 1001) -> None:
@@ -215,7 +222,10 @@ class ControlPlane:
 
     @property
     def http_url(self) -> str | None:
-        return None if self.http_port is None else f"http://127.0.0.1:{self.http_port}"
+        if self.http_port is None:
+            return None
+        host = "127.0.0.1" if self.console_config is None else self.console_config.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
 
     # -- queries (for tests and the HTTP API) ---------------------------------------------------
 
@@ -347,7 +357,8 @@ class ControlPlane:
         """Store a command (next seq of the instance) and send it now if the instance is connected;
         otherwise it goes out after the next welcome."""
         cmd = await self._write(Store.add_command, instance_id, kind, fields, command_id)
-        self._live.changed()
+        # Watchers (the console, the dev chat) learn of commands that others queued.
+        self._live.publish(instance_id, {"type": "command", "command_id": cmd["command_id"], "kind": kind})
         link = self._links.get(instance_id)
         if link is not None and link.ready:
             await self._send_command(link, cmd)

@@ -49,6 +49,7 @@ from driver.runs import Run
 from driver.states import StateMachine, Trigger
 from driver.supervision import CrashWindow
 from driver.supervisor import ProviderSupervisor
+from driver.telemetry.room import TelemetryRoom
 
 log = logs.get("driver.kernel")
 
@@ -107,6 +108,7 @@ class Kernel:
         self.runs = RunPath(self)
         self.provider = ProviderRoom(self)
         self.lifecycle = Lifecycle(self)
+        self.telemetry = TelemetryRoom(self)
         opts = self.options
         self.supervisor = ProviderSupervisor(
             self.provider.new_adapter,
@@ -122,6 +124,8 @@ class Kernel:
             on_ready=self._provider_ready,
             on_lost=lambda: self.fire("provider_lost"),
             on_exited=self.provider.provider_exited,
+            on_starting=self.telemetry.provider_starting,
+            on_started=self.telemetry.provider_started,
         )
 
     @property
@@ -173,6 +177,7 @@ class Kernel:
             run_id = payload.get("run_id")
         if kind in _OBSERVED:
             await self.provider.observe(kind, payload)
+        self.telemetry.observe(kind, payload)
         body = validate_payload(kind, payload)
         if len(body) > MAX_PAYLOAD_BYTES:
             body = validate_payload(kind, _shrink(payload))
@@ -192,6 +197,7 @@ class Kernel:
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
         caps = [Capability(c, c in self.capabilities) for c in CAPABILITIES]
+        self.telemetry.hello_sent()
         return encode(
             Hello(
                 protocol=PROTOCOL_VERSION,
@@ -224,11 +230,12 @@ class Kernel:
                     oldest_pending_age_ms=s.oldest_pending_age_ms,
                     retries=s.retries,
                 ),
+                activity=self.telemetry.heartbeat_activity(),
             )
         )
 
     async def on_welcome(self, welcome: Welcome) -> None:
-        pass
+        self.telemetry.on_welcome()
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
         await self.commands.on_command(head, raw)
@@ -281,9 +288,11 @@ class Kernel:
             tg.start_soon(self._watch_link, link)
             tg.start_soon(self._watch_signals)
             tg.start_soon(self.lifecycle.idle_exit)
+            tg.start_soon(self.telemetry.run)
             await self.done.wait()
             # Flush the journal and say goodbye before leaving.
             with anyio.CancelScope(shield=True):
+                await self.telemetry.shutdown()
                 await self.outbox.flush()
                 with anyio.move_on_after(2):
                     await link.close(1000, "driver exiting")

@@ -20,9 +20,10 @@ CANCEL_TERM_GRACE_S = 3.0
 STOP_DRAIN_TIMEOUT_S = 30.0
 PROVIDER_START_TIMEOUT_S = 60.0
 PROVIDER_STOP_TIMEOUT_S = 10.0
-# A run whose provider emits nothing for this long (while no permission or host tool call waits on
-# the control plane) has a provider that stopped answering: run.failed provider.unresponsive.
-PROVIDER_SILENCE_TIMEOUT_S = 1800.0
+# A run whose provider tree neither emits nor uses more than 1% of a core for this long (while no
+# permission or host tool call waits on the control plane) has a provider that stopped answering:
+# run.failed provider.unresponsive (driver.telemetry.liveness).
+PROVIDER_SILENCE_TIMEOUT_S = 600.0
 
 
 def project_root() -> Path:

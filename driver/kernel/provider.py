@@ -71,7 +71,12 @@ class ProviderRoom:
         boot = k.boot
         provider_dir = Path(boot.session.state_dir) / "providers" / boot.execution.runtime
         provider_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        env = provider_env(boot.execution.environment, home=str(provider_dir / "home"), traceparent=boot.traceparent)
+        env = provider_env(
+            boot.execution.environment,
+            home=str(provider_dir / "home"),
+            traceparent=boot.traceparent,
+            extra=k.telemetry.provider_env(),
+        )
         (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
         replay = self.replay_messages()
         execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)

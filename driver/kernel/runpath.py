@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from driver import logs
-from driver.adapters.base import Adapter, PathNotAllowed, ProviderError, TurnOutcome
+from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
 from driver.ports import artifacts
 from driver.protocol import commands as cmds
 from driver.protocol.events import EVENT_KINDS, validate_payload
@@ -47,6 +47,7 @@ class RunPath:
     async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
         spec = EVENT_KINDS[kind]
+        self.k.telemetry.observe(kind, payload)
         return await self.k.outbox.admit(kind, validate_payload(kind, payload), spec.delivery, run_id)
 
     async def input_start(self, command: cmds.InputStart, fp: str) -> None:
@@ -64,6 +65,7 @@ class RunPath:
             return
         run = Run(command.run_id, cid)
         k.run = run
+        k.telemetry.run_starting(command)
         k.fire("run_started")
         await anyio.to_thread.run_sync(k.journal.run_started, run.run_id, cid, utc_now())
         await k.emit(
@@ -82,7 +84,7 @@ class RunPath:
                 run.adapter = adapter
                 run.last_activity = time.monotonic()
                 silence = anyio.CancelScope()
-                k.spawn(self.watch_silence, run, adapter, silence)
+                k.spawn(k.telemetry.watch_silence, run, adapter, silence)
                 try:
                     outcome = await adapter.run(run.run_id, run_input)
                 finally:
@@ -115,6 +117,8 @@ class RunPath:
                 k.supervisor.lost(run.adapter, reason, crashed=False)
             elif error is not None and error.code in ("provider.crashed", "provider.unresponsive"):
                 k.supervisor.lost(run.adapter, f"{error.code} in run {run.run_id}", crashed=True)
+            elif attempt.adapter is run.adapter and attempt.error is None:
+                await k.telemetry.after_run(run)  # the resource guard: between runs, never during one
         await k.outbox.receipted(terminal_id)
         run.receipted.set()
         result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
@@ -125,32 +129,6 @@ class RunPath:
             await k.commands.finish(cid, seq, fp, "failed", error=CommandError(err.code, err.message, err.retryable))
         else:
             await k.commands.finish(cid, seq, fp, status, result=result)
-
-    async def watch_silence(self, run: Run, adapter: Adapter, scope: anyio.CancelScope) -> None:
-        """End the run as provider.unresponsive when its provider goes quiet for too long. Time spent
-        waiting on the control plane (a pending permission or host tool call) does not count."""
-        k = self.k
-        limit = k.options.provider_silence_timeout_s
-        if limit <= 0:
-            return
-        with scope:
-            while True:
-                if k.permissions.pending_count or k.host_tools.pending_count or run.cancel_requested_by:
-                    run.last_activity = time.monotonic()
-                quiet = time.monotonic() - run.last_activity
-                if quiet >= limit:
-                    break
-                await anyio.sleep(min(limit - quiet, 1.0) + 0.01)
-        if scope.cancel_called:
-            return
-        log.error("run.provider_unresponsive", run_id=run.run_id, silent_s=round(quiet, 1))
-        run.forced_error = ProviderError(
-            "provider.unresponsive",
-            f"the provider sent nothing for {limit:g} s during the run",
-            retryable=True,
-            details={"stderr_tail": adapter.stderr_tail()},
-        )
-        run.scope.cancel()
 
     async def end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
         """Choose the run's one terminal (driver.runs) and admit it. A cancel requested before this
@@ -216,7 +194,8 @@ class RunPath:
 
     async def prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
         """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
-        the one channel every runtime reads)."""
+        the one channel every runtime reads); the attachments stay on the input, so an adapter can
+        also hand images (and texts) to its runtime natively (driver/adapters/attachments.py)."""
         if not run_input.attachments:
             return run_input
         k = self.k
@@ -228,7 +207,8 @@ class RunPath:
         except (artifacts.AttachmentError, PathNotAllowed) as exc:
             raise ProviderError("input.attachment_invalid", str(exc)) from None
         listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
-        return cmds.RunInput(text=f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]")
+        text = f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]"
+        return cmds.RunInput(text=text, attachments=run_input.attachments)
 
     async def report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
         try:

@@ -88,6 +88,15 @@ class PermissionBroker:
             try:
                 with anyio.move_on_after(self.timeout_s):
                     await pending.done.wait()
+            except anyio.get_cancelled_exc_class():
+                # The provider withdrew its request (Codex `serverRequest/resolved`, ACP
+                # `$/cancel_request`): the control plane must not be left waiting on it.
+                with anyio.CancelScope(shield=True):
+                    await self._emit(
+                        "permission.resolved",
+                        {"request_id": request_id, "outcome": "cancelled", "option_id": None, "decided_by": "cancel"},
+                    )
+                raise
             finally:
                 self._pending.pop(request_id, None)
                 self._on_change(len(self._pending))

@@ -31,6 +31,7 @@ class SkillError(Exception):
 class InstalledSkill:
     name: str
     path: Path
+    reused: bool = False  # already installed from an archive with the same sha256: nothing fetched
 
 
 def _target(cwd: Path, mount_path: str) -> Path:
@@ -72,13 +73,31 @@ def _unpack(archive: Path, target: Path) -> None:
             raise
 
 
+def _marker(target: Path) -> Path:
+    """Beside the skill folder (not in it, so the model never sees it): the sha256 it was unpacked from."""
+    return target.parent / f".{target.name}.sha256"
+
+
+def _installed_hash(target: Path) -> str | None:
+    try:
+        return _marker(target).read_text().strip() if target.is_dir() else None
+    except OSError:
+        return None
+
+
 async def install(skill: Skill, cwd: Path) -> InstalledSkill:
+    """Install one skill; a skill already unpacked from an archive with the same hash is kept as it is
+    (a pet's restart, a provider replacement), without fetching anything."""
     target = _target(cwd, skill.mount_path)
+    if _installed_hash(target) == skill.sha256:
+        return InstalledSkill(skill.name, target, reused=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     archive = target.parent / f".{target.name}.zip"
     try:
         await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES)
+        _marker(target).unlink(missing_ok=True)
         await anyio.to_thread.run_sync(_unpack, archive, target)
+        _marker(target).write_text(skill.sha256 + "\n")
     except (FetchError, zipfile.BadZipFile, OSError) as exc:
         raise SkillError(str(exc)) from None
     finally:

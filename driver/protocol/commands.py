@@ -37,6 +37,7 @@ class _Command(msgspec.Struct, kw_only=True, tag_field="kind"):
 class InputStart(_Command, tag="input.start"):
     run_id: NonEmpty
     input: RunInput
+    traceparent: str | None = None  # W3C trace context: the run span's parent (PROTOCOL §3, §6.6)
 
 
 class TurnCancel(_Command, tag="turn.cancel"):

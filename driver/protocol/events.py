@@ -95,7 +95,7 @@ class ToolStarted(_P):
     name: str
     title: str
     input: Any
-    parent_tool_call_id: str | None = None
+    parent_tool_call_id: str | None = None  # the delegating call, for a subagent's work
 
 
 class ToolOutputDelta(_P):
@@ -177,6 +177,46 @@ class RuntimeSessionReset(_P):
     current: str | None
 
 
+class SessionModeInfo(msgspec.Struct, kw_only=True):
+    id: str
+    name: str = ""
+    description: str = ""
+
+
+class SessionModeUpdated(_P):
+    """The provider session's current mode and the modes it offers (ACP session modes)."""
+
+    current_mode_id: str
+    available_modes: list[SessionModeInfo]
+
+
+class SessionConfigOptionInfo(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    category: str | None = None
+    type: str  # "select" | "boolean" (ACP v1), or a newer kind reported as the agent names it
+    current_value: Any = None
+    choices: list[Any] | None = None  # the values of a select option
+
+
+class SessionConfigUpdated(_P):
+    """Every configuration option of the provider session, with its current value."""
+
+    options: list[SessionConfigOptionInfo]
+
+
+class SessionCommandInfo(msgspec.Struct, kw_only=True):
+    name: str
+    description: str = ""
+    input_hint: str | None = None
+
+
+class SessionCommandsUpdated(_P):
+    """The commands (slash commands) the provider session offers now."""
+
+    commands: list[SessionCommandInfo]
+
+
 class DiagnosticReported(_P):
     code: str
     severity: Literal["debug", "info", "warning", "error"]
@@ -195,6 +235,26 @@ class CommandFinished(_P):
 class HostToolResolved(_P):
     call_id: str
     outcome: Literal["completed", "failed", "timed_out", "cancelled"]
+
+
+class TimingRecorded(_P):
+    phase: Literal["hello", "provider.spawn", "provider.ready", "session.open", "session.resume", "first_token"]
+    ms: float
+    mode: Literal["cold", "warm", "resume"]
+    run_id: str | None = None
+
+
+class LogRecord(msgspec.Struct, kw_only=True):
+    at: str
+    level: str
+    logger: str
+    message: str
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class LogRecords(_P):
+    records: list[LogRecord]
+    dropped: int = 0  # lines not sent since the previous batch (held-buffer overflow, rate limit)
 
 
 class EventKind(msgspec.Struct, frozen=True):
@@ -233,8 +293,13 @@ EVENT_KINDS: dict[str, EventKind] = {
     "runtime.resume.updated": _k(RuntimeResumeUpdated, run_scoped=False),
     "runtime.session.reset": _k(RuntimeSessionReset, run_scoped=False),
     "diagnostic.reported": _k(DiagnosticReported, run_scoped=False),
+    "session.mode.updated": _k(SessionModeUpdated, run_scoped=False),
+    "session.config.updated": _k(SessionConfigUpdated, run_scoped=False),
+    "session.commands.updated": _k(SessionCommandsUpdated, run_scoped=False),
     "command.finished": _k(CommandFinished, run_scoped=False),
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
+    "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
+    "log.records": _k(LogRecords, "best_effort", run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

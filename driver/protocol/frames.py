@@ -62,11 +62,24 @@ class HeartbeatOutbox(msgspec.Struct, kw_only=True):
     retries: int = 0
 
 
+class HeartbeatActivity(msgspec.Struct, kw_only=True):
+    """What the provider's whole process tree is doing (PROTOCOL §2.5); fields that do not apply are null."""
+
+    provider_pid: int | None = None
+    provider_cpu_ms: int | None = None
+    provider_rss_mb: float | None = None
+    provider_processes: int | None = None
+    last_provider_output_ms_ago: int | None = None
+    tool_call_id: str | None = None
+    tool_running_ms: int | None = None
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", tag_field="type", kw_only=True):
     at: str
     state: DriverStateName
     run_id: str | None
     outbox: HeartbeatOutbox
+    activity: HeartbeatActivity | None = None
 
 
 class CommandError(msgspec.Struct, frozen=True):

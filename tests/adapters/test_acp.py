@@ -31,6 +31,7 @@ every command fails with "codex-linux-sandbox: No such file"), so TMPDIR must po
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -45,7 +46,7 @@ import anyio.lowlevel
 import pytest
 
 from driver.adapters import acp_models as m
-from driver.adapters import acp_permissions, acp_session
+from driver.adapters import acp_permissions, acp_session, acp_state
 from driver.adapters.acp import AcpAdapter
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
@@ -59,8 +60,10 @@ from driver.protocol.boot import (
     NativeResume,
     RecoveryMessage,
     SessionConfig,
+    Skill,
 )
 from driver.protocol.commands import RunInput
+from driver.protocol.events import validate_payload
 from driver.testing import codex_acp
 from driver.testing.ports import (
     RecordingEvents,
@@ -69,6 +72,8 @@ from driver.testing.ports import (
     recording_ports,
     reject_first,
 )
+from tests.helpers import attachments as attachment_files
+from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
@@ -112,6 +117,7 @@ def make_adapter(
     model: str = "",
     system_prompt: str = "",
     host_tools: list[HostTool] | None = None,
+    skills: list[Skill] | None = None,
 ) -> Harness:
     cwd = tmp_path / "ws"
     state = tmp_path / "state"
@@ -134,11 +140,12 @@ def make_adapter(
         provider_options=provider_options or {},
         mcp_servers=mcp_servers or [],
         host_tools=host_tools or [],
+        skills=skills or [],
     )
     session = SessionConfig(
         id="ses-1",
         agent_id="agt-1",
-        kind="cattle",
+        kind="pet" if memory_dir else "cattle",
         cwd=str(cwd),
         state_dir=str(state),
         additional_directories=additional_directories or [],
@@ -699,13 +706,19 @@ async def run_until(h: Harness, text: str, kind: str, action: Callable[[], Any])
 async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> None:
     # execution.model picks a value of the agent's "model" config selector.
     model = "gpt-5.2" if agent.name == "codex-acp" else "haiku"
-    h = agent(tmp_path, model=model, system_prompt="Always answer like a lighthouse keeper.")
+    (tmp_path / "ws").mkdir()
+    installed = await skill_archives.install_all(tmp_path / "ws", tmp_path / "archives")
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    h = agent(
+        tmp_path,
+        model=model,
+        system_prompt="Always answer like a lighthouse keeper.",
+        skills=installed,
+        memory_dir=str(memory),
+    )
     await h.adapter.start()
-    if agent.name == "claude-agent-acp":
-        # Sent as ACP's (unstable) session systemPrompt, appended to the agent's own instructions.
-        assert h.events.of("diagnostic.reported") == []
-    else:
-        assert "system prompt" in h.events.of("diagnostic.reported")[0]["message"]
+    assert h.events.of("diagnostic.reported") == []
     sid = h.adapter.native_id
     assert sid and h.events.of("runtime.resume.updated") == [{"runtime": "acp", "value": sid}]
     out = await h.run("[[think]] [[say:The sky is teal today.]]")
@@ -713,8 +726,13 @@ async def test_real_text_then_resume(agent: AgentFactory, tmp_path: Path) -> Non
     assert out.final_message_text == "The sky is teal today."
     turn_request = last_request_with(h.fake, "The sky is teal today.")
     assert model in turn_request["model"]
-    sent_system = "lighthouse keeper" in json.dumps(turn_request.get("system"))
-    assert sent_system == (agent.name == "claude-agent-acp")
+    # claude-agent-acp takes ACP's (unstable) session systemPrompt, appended to its own instructions;
+    # codex-acp takes none, so the same text goes ahead of the session's first prompt.
+    where = json.dumps(turn_request.get("system") if agent.name == "claude-agent-acp" else turn_request["input"])
+    assert "Always answer like a lighthouse keeper." in where
+    assert "outputs/" in where and str(memory) in where
+    for name, description in skill_archives.SKILLS:
+        assert f"- {name}: {description} (file: {tmp_path / 'ws' / '.skills' / name / 'SKILL.md'})" in where
     thoughts = h.events.of("thought.completed")
     assert len(thoughts) == 1 and "think about this carefully" in thoughts[0]["text"]
     if h.agent_name == "claude-agent-acp":
@@ -827,3 +845,137 @@ async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, t
     out = await h.run('[[tool:mcp__host__echo:{"text": "hi"}]]')
     assert out.status == "completed" and out.final_message_text == "tool done"
     assert h.host_tools.calls == [("echo", {"text": "hi"})]
+
+
+@pytest.mark.provider
+async def test_real_image_and_text_attachments(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    image = attachment_files.png()
+    picture = attachment_files.place(h.cwd, "pic.png", image)
+    notes = attachment_files.place(h.cwd, "notes.txt", b"the password is swordfish")
+    await h.adapter.start()
+    caps = h.adapter.agent.agent_capabilities.prompt_capabilities  # type: ignore[union-attr]
+    assert caps.image  # both real agents take images
+    with anyio.fail_after(60):
+        out = await h.adapter.run("run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture, notes]))
+    assert out.final_message_text == "seen"
+    request = json.dumps(last_request_with(h.fake, "look at this"))
+    assert base64.b64encode(image).decode() in request
+    # A short text goes in as embedded context where the agent takes it, else as a link to the file.
+    assert ("the password is swordfish" in request) == caps.embedded_context
+
+
+async def test_image_for_an_agent_without_image_support_is_command_invalid(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    picture = attachment_files.place(h.cwd, "pic.png", attachment_files.png())
+    await h.adapter.start()
+    with pytest.raises(ProviderError) as info:
+        await h.adapter.run("run-1", RunInput(text="[[say:never]]", attachments=[picture]))
+    assert info.value.code == "command.invalid" and "does not accept images" in info.value.message
+    # Nothing was sent: the adapter is ready for the next run.
+    assert (await h.run("[[say:next]]", "run-2")).final_message_text == "next"
+
+
+async def test_terminal_output_streams_as_tool_output(tmp_path: Path, stopper: Any) -> None:
+    h = stopper(stubborn(tmp_path))
+    await h.adapter.start()
+    out = await h.run("[[term:printf 'one\\n'; sleep 0.3; printf 'two\\n'; exit 4]]")
+    assert out.final_message_text == "term exit 4"
+    [started] = h.events.of("tool.started")
+    streamed = "".join(
+        p["text"] for p in h.events.of("tool.output.delta") if p["tool_call_id"] == started["tool_call_id"]
+    )
+    assert streamed == "one\ntwo\n"
+    [done] = h.events.of("tool.completed")
+    assert done["status"] == "completed" and done["exit_code"] == 4
+
+
+def test_session_state_snapshots() -> None:
+    state = acp_state.SessionState()
+    opened = {
+        "sessionId": "s",
+        "modes": {"currentModeId": "auto", "availableModes": [{"id": "auto", "name": "Auto"}, {"id": "default"}]},
+        "configOptions": [
+            {
+                "id": "model",
+                "name": "Model",
+                "category": "model",
+                "type": "select",
+                "currentValue": "a",
+                "options": [{"value": "a", "name": "A"}, {"group": "g", "name": "G", "options": [{"value": "b"}]}],
+            },
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": False},
+        ],
+    }
+    out = state.opened(opened)
+    assert [k for k, _ in out] == ["session.mode.updated", "session.config.updated"]
+    assert out[0][1] == {
+        "current_mode_id": "auto",
+        "available_modes": [
+            {"id": "auto", "name": "Auto", "description": ""},
+            {"id": "default", "name": "", "description": ""},
+        ],
+    }
+    assert out[1][1]["options"] == [
+        {
+            "id": "model",
+            "name": "Model",
+            "category": "model",
+            "type": "select",
+            "current_value": "a",
+            "choices": ["a", "b"],
+        },
+        {"id": "fast", "name": "Fast", "category": None, "type": "boolean", "current_value": False},
+    ]
+    for kind, payload in out:
+        validate_payload(kind, payload)
+    assert state.feed({"sessionUpdate": "current_mode_update", "currentModeId": "auto"}) == []  # no change
+    assert state.mode_set("default")[0][1]["current_mode_id"] == "default"
+    commands = state.feed(
+        {
+            "sessionUpdate": "available_commands_update",
+            "availableCommands": [{"name": "review", "description": "Review changes", "input": {"hint": "branch"}}],
+        }
+    )
+    assert commands == [
+        (
+            "session.commands.updated",
+            {"commands": [{"name": "review", "description": "Review changes", "input_hint": "branch"}]},
+        )
+    ]
+    assert acp_state.set_config_params("s", "fast", True) == {
+        "sessionId": "s",
+        "configId": "fast",
+        "value": True,
+        "type": "boolean",
+    }
+    assert "type" not in acp_state.set_config_params("s", "model", "b")
+
+
+@pytest.mark.provider
+async def test_real_session_state_events(agent: AgentFactory, tmp_path: Path) -> None:
+    h = agent(tmp_path)
+    await h.adapter.start()
+    [mode] = h.events.of("session.mode.updated")[-1:]
+    # Under `supervised` claude-agent-acp is switched to `default`; codex-acp starts read-only.
+    assert mode["current_mode_id"] == ("default" if agent.name == "claude-agent-acp" else "read-only")
+    assert any(m["id"] == mode["current_mode_id"] for m in mode["available_modes"])
+    config = h.events.of("session.config.updated")[-1]
+    assert any(o["category"] == "model" and o["current_value"] in o["choices"] for o in config["options"])
+    if agent.name == "claude-agent-acp":
+        # Its slash commands arrive after session/new, before any turn.
+        commands = await h.events.wait_for("session.commands.updated", timeout=30)
+        assert commands["commands"] and all(c["name"] for c in commands["commands"])
+    assert "diagnostic.reported" not in h.events.kinds()
+
+
+def test_cost_is_the_runs_share_of_the_sessions_total() -> None:
+    first = AcpTurn("r1")
+    cost = {"sessionUpdate": "usage_update", "used": 1, "size": 9, "cost": {"amount": 0.01, "currency": "USD"}}
+    assert first.feed(cost) == [("usage.updated", {"cost_usd": 0.01})]
+    second = AcpTurn("r2", first.cost_total)
+    later = {**cost, "cost": {"amount": 0.025, "currency": "USD"}}
+    assert second.feed(later) == [("usage.updated", {"cost_usd": 0.015})]
+    # A total below the last one: the agent counts from zero again (a restarted agent).
+    third = AcpTurn("r3", second.cost_total)
+    assert third.feed(cost) == [("usage.updated", {"cost_usd": 0.01})]

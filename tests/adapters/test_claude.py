@@ -3,6 +3,9 @@ driven through ClaudeSDKClient, against the fake Anthropic endpoint. Only the mo
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import signal
 import time
@@ -16,15 +19,18 @@ import pytest
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.claude import ClaudeAdapter
 from driver.adapters.environment import provider_env
-from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig, Skill
 from driver.protocol.commands import RunInput
 from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
 from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
+from tests.helpers import attachments as attachment_files
+from tests.helpers import skills as skill_archives
 
 pytestmark = pytest.mark.provider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-ant-fake-key-for-tests"
+SUBAGENT_TOOL = "Agent"  # Claude Code 2.1 calls its subagent tool Agent (formerly Task)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,9 @@ class Harness:
         native_resume: NativeResume | None = None,
         recovery: list[RecoveryMessage] | None = None,
         host_tools: list[HostTool] | None = None,
+        system_prompt: str = "",
+        skills: list[Skill] | None = None,
+        memory_dir: str | None = None,
     ) -> tuple[ClaudeAdapter, RecordingEvents, ScriptedPermissions]:
         environment = {"ANTHROPIC_BASE_URL": self.fake.base_url, "ANTHROPIC_API_KEY": API_KEY}
         execution = ExecutionConfig(
@@ -61,9 +70,16 @@ class Harness:
             native_resume=native_resume,
             recovery_messages=recovery or [],
             host_tools=host_tools or [],
+            system_prompt=system_prompt,
+            skills=skills or [],
         )
         session = SessionConfig(
-            id="ses-1", agent_id="agt-1", kind="cattle", cwd=str(self.cwd), state_dir=str(self.state)
+            id="ses-1",
+            agent_id="agt-1",
+            kind="pet" if memory_dir else "cattle",
+            cwd=str(self.cwd),
+            state_dir=str(self.state),
+            memory_dir=memory_dir,
         )
         config = AdapterConfig(
             session=session,
@@ -345,3 +361,106 @@ async def test_reset_starts_a_fresh_session(harness: Harness) -> None:
     [request] = _prompts(harness.fake, "fresh start?")
     assert "mango" not in str(request["messages"])  # the old conversation is gone
     assert events.of("runtime.resume.updated")[-1]["value"] == current
+
+
+async def test_instructions_and_skills_reach_the_model(harness: Harness) -> None:
+    installed = await skill_archives.install_all(harness.cwd, harness.root / "archives")
+    memory = harness.root / "memory"
+    memory.mkdir()
+    adapter, _, _ = harness.adapter(
+        system_prompt="Always answer like a ship's cook.", skills=installed, memory_dir=str(memory)
+    )
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[say:aye]] instructions check")
+    assert outcome.final_message_text == "aye"
+    [request] = [r for r in _prompts(harness.fake, "instructions check") if r.get("tools")]
+    system = json.dumps(request.get("system"))
+    assert "Always answer like a ship's cook." in system
+    assert "outputs/" in system and str(memory) in system  # the driver's paragraph, for a pet
+    # Skills the native way: Claude Code lists the skills of its user folder to the model (in a
+    # reminder in the conversation, not in our system prompt).
+    listed = json.dumps(request["messages"])
+    assert "skills are available for use with the Skill tool" in listed
+    for name, description in skill_archives.SKILLS:
+        assert f"- {name}: {description}" in listed, name
+        assert f"- {name}: {harness.cwd / '.skills' / name}" in system  # where its files are
+    links = sorted(p.name for p in (harness.state / "claude" / "claude-config" / "skills").iterdir())
+    assert links == sorted(n for n, _ in skill_archives.SKILLS)
+
+
+async def test_subagent_work_and_file_writes_are_reported(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter("full_access")
+    (harness.cwd / "old.txt").write_text("before")
+    await adapter.start()
+    # The subagent's prompt holds a marker of its own, escaped so that it is not the parent's marker.
+    task = {
+        "description": "sub work",
+        "prompt": "\\u005b\\u005bshell:echo from-sub\\u005d\\u005d",
+        "run_in_background": False,  # else Claude Code runs it after the turn has ended
+    }
+    outcome = await _run(adapter, "run-1", f"[[tool:{SUBAGENT_TOOL}:{json.dumps(task)}]]", timeout=60)
+    assert outcome.status == "completed" and outcome.final_message_text == "tool done"
+    [delegating] = [p for p in events.of("tool.started") if p["name"] == SUBAGENT_TOOL]
+    assert delegating["parent_tool_call_id"] is None
+    [inner] = [p for p in events.of("tool.started") if p["name"] == "Bash"]
+    assert inner["parent_tool_call_id"] == delegating["tool_call_id"]
+    done = {p["tool_call_id"]: p["status"] for p in events.of("tool.completed")}
+    assert done == {delegating["tool_call_id"]: "completed", inner["tool_call_id"]: "completed"}
+    # The subagent's closing words are the delegating call's result.
+    [result] = [p["output"] for p in events.of("tool.completed") if p["tool_call_id"] == delegating["tool_call_id"]]
+    assert "shell done" in json.dumps(result)
+
+    for n, content in enumerate(("fresh", "again")):
+        outcome = await _run(adapter, f"run-w{n}", f"[[write:new.txt:{content}]]")
+        assert outcome.final_message_text == "write done"
+    # Claude Code refuses to overwrite a file it has not read: a failed tool changes nothing.
+    await _run(adapter, "run-old", "[[write:old.txt:after]]")
+    assert (harness.cwd / "old.txt").read_text() == "before"
+    assert events.of("file.changed") == [
+        {"path": "new.txt", "change": "created", "sha256": hashlib.sha256(b"fresh").hexdigest()},
+        {"path": "new.txt", "change": "modified", "sha256": hashlib.sha256(b"again").hexdigest()},
+    ]
+
+
+async def test_image_attachment_reaches_the_model(harness: Harness) -> None:
+    adapter, _, _ = harness.adapter()
+    image = attachment_files.png()
+    picture = attachment_files.place(harness.cwd, "pic.png", image)
+    await adapter.start()
+    with anyio.fail_after(30):
+        outcome = await adapter.run("run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture]))
+    assert outcome.final_message_text == "seen"
+    [request] = [r for r in _prompts(harness.fake, "look at this") if r.get("tools")]
+    blocks = [b for m in request["messages"] for b in (m["content"] if isinstance(m["content"], list) else [])]
+    images = [b for b in blocks if b.get("type") == "image"]
+    assert [i["source"]["data"] for i in images] == [base64.b64encode(image).decode()]
+
+
+async def test_cost_is_reported_per_run(harness: Harness) -> None:
+    adapter, events, _ = harness.adapter()
+    await adapter.start()
+    first = await _run(adapter, "run-1", "[[say:one two three]]")
+    second = await _run(adapter, "run-2", "[[say:one two three]]")
+    costs = [o.usage["cost_usd"] if o.usage else None for o in (first, second)]
+    assert all(isinstance(c, float) and c > 0 for c in costs), costs
+    # Claude Code reports a running total per session; each run's usage is that run's share.
+    assert costs[1] < 1.5 * costs[0]  # type: ignore[operator]
+    assert [e["cost_usd"] for e in events.of("usage.updated")] == costs
+
+
+async def test_subagent_permission_names_its_delegating_call(harness: Harness) -> None:
+    adapter, events, perms = harness.adapter()
+    await adapter.start()
+    task = {
+        "description": "sub work",
+        "prompt": "\\u005b\\u005bshell:echo asked > sub.txt\\u005d\\u005d",
+        "run_in_background": False,
+    }
+    outcome = await _run(adapter, "run-1", f"[[tool:{SUBAGENT_TOOL}:{json.dumps(task)}]]", timeout=60)
+    assert outcome.status == "completed"
+    bash = [r for r in perms.requests if r.tool_name == "Bash"]
+    assert len(bash) == 1 and (harness.cwd / "sub.txt").read_text() == "asked\n"
+    [delegating] = [p for p in events.of("tool.started") if p["name"] == SUBAGENT_TOOL]
+    # The permission callback announced the subagent's call first: it already carries its parent.
+    [inner] = [p for p in events.of("tool.started") if p["tool_call_id"] == bash[0].tool_call_id]
+    assert inner["parent_tool_call_id"] == delegating["tool_call_id"]

@@ -79,3 +79,11 @@ def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Pa
     fields = dict(part.split("=", 1) for part in out.split())
     assert fields["keep"] == "kept" and fields["drop"] == ""
     assert fields["pgid"] == fields["pid"]  # its own process group, same pid (exec, no fork)
+
+
+def test_host_tool_schema_without_properties_stays_a_json_schema() -> None:
+    from driver.adapters.claude import sdk_schema
+
+    assert sdk_schema({"type": "object"}) == {"type": "object", "properties": {}}
+    full = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    assert sdk_schema(full) is full

@@ -4,6 +4,7 @@ fake Responses endpoint, fully offline. Only the model endpoint is fake."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -15,11 +16,19 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary
 from driver.adapters.environment import provider_env
 from driver.ports.mcp_host import McpHostServer
-from driver.protocol.boot import ExecutionConfig, HostTool, McpServer, NativeResume, RecoveryMessage, SessionConfig
+from driver.protocol.boot import (
+    ExecutionConfig,
+    HostTool,
+    McpServer,
+    NativeResume,
+    RecoveryMessage,
+    SessionConfig,
+    Skill,
+)
 from driver.protocol.commands import RunInput
 from driver.testing.fake_responses import DEFAULT_TEXT, FakeResponses
 from driver.testing.ports import (
@@ -30,6 +39,8 @@ from driver.testing.ports import (
     recording_ports,
     reject_first,
 )
+from tests.helpers import attachments as attachment_files
+from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-fake-codex-test-key-0123456789"
@@ -66,6 +77,8 @@ def make(
     environment: dict[str, str] | None = None,
     host_tools: list[HostTool] | None = None,
     mcp_servers: list[McpServer] | None = None,
+    skills: list[Skill] | None = None,
+    memory_dir: str | None = None,
 ) -> Harness:
     cwd = tmp_path / "work"
     cwd.mkdir(exist_ok=True)
@@ -82,8 +95,11 @@ def make(
         provider_options={"base_url": base_url, "env_key": "OPENAI_API_KEY"},
         native_resume=NativeResume(runtime="openai-app-server", value=resume) if resume else None,
         recovery_messages=recovery or [],
+        skills=skills or [],
     )
-    session = SessionConfig(id="ses-1", agent_id="agt-1", kind="pet", cwd=str(cwd), state_dir=str(state_dir))
+    session = SessionConfig(
+        id="ses-1", agent_id="agt-1", kind="pet", cwd=str(cwd), state_dir=str(state_dir), memory_dir=memory_dir
+    )
     env = provider_env(execution.environment, home=str(state_dir / "home"))
     config = AdapterConfig(session=session, execution=execution, state_dir=state_dir, project_root=ROOT, env=env)
     ports, events, permissions = recording_ports(cwd, perms)
@@ -424,5 +440,93 @@ async def test_codex_killed_mid_turn_is_provider_crashed_then_restarts(tmp_path:
         # The restarted Codex resumes the same thread (its history is on disk under CODEX_HOME).
         assert h.adapter.native_id == thread_id and h.events.of("runtime.session.reset") == []
         assert (await h.run("[[say:back]]", "run-after")).final_message_text == "back"
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_instructions_and_skills_reach_the_model(tmp_path: Path, fake: FakeResponses) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    installed = await skill_archives.install_all(cwd, tmp_path / "archives")
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    h = make(
+        tmp_path,
+        fake.base_url,
+        system_prompt="Always answer like a ship's cook.",
+        skills=installed,
+        memory_dir=str(memory),
+    )
+    await h.adapter.start()
+    try:
+        outcome = await h.run("[[say:aye]] instructions check")
+        assert outcome.final_message_text == "aye"
+        request = next(r for r in reversed(fake.requests) if "instructions check" in json.dumps(r))
+        developer = json.dumps([i for i in request["input"] if i.get("role") == "developer"])
+        assert "Always answer like a ship's cook." in developer
+        assert "outputs/" in developer and str(memory) in developer
+        # Codex lists the skills of CODEX_HOME/skills to the model, with the path of each SKILL.md.
+        whole = json.dumps(request)
+        for name, description in skill_archives.SKILLS:
+            assert name in whole and description in whole, name
+            assert f"/{name}/SKILL.md)" in whole  # a short path under an alias of the skills root
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_image_attachment_reaches_the_model(tmp_path: Path, fake: FakeResponses) -> None:
+    h = make(tmp_path, fake.base_url)
+    image = attachment_files.png()
+    picture = attachment_files.place(h.cwd, "pic.png", image)
+    notes = attachment_files.place(h.cwd, "notes.txt", b"plain words")
+    await h.adapter.start()
+    try:
+        with anyio.fail_after(30):
+            outcome = await h.adapter.run(
+                "run-1", RunInput(text="[[say:seen]] look at this", attachments=[picture, notes])
+            )
+        assert outcome.final_message_text == "seen"
+        request = next(r for r in reversed(fake.requests) if "look at this" in json.dumps(r))
+        images = [c for i in request["input"] for c in (i.get("content") or []) if c.get("type") == "input_image"]
+        assert len(images) == 1 and images[0]["image_url"].startswith("data:image/png;base64,")
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
+async def test_an_approval_codex_withdraws_stops_waiting(tmp_path: Path, fake: FakeResponses) -> None:
+    class Withdrawn(ScriptedPermissions):
+        """Never decides; notes when the adapter stops waiting for it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.withdrawn = anyio.Event()
+
+        async def request(self, request: PermissionRequest) -> PermissionDecision:
+            self.requests.append(request)
+            self.pending.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.withdrawn.set()
+            raise AssertionError("unreachable")
+
+    perms = Withdrawn()
+    h = make(tmp_path, fake.base_url, perms=perms)
+    await h.adapter.start()
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+
+                async def run_shell() -> None:
+                    await h.adapter.run("run-held", RunInput(text="[[shell:touch held.txt]]"))
+
+                tg.start_soon(run_shell)
+                await perms.pending.wait()
+                await h.adapter.cancel()  # nobody decides: Codex resolves the request itself (serverRequest/resolved)
+                await perms.withdrawn.wait()
+        assert not (h.cwd / "held.txt").exists()
     finally:
         await h.adapter.stop()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from driver.adapters import codex_notices, codex_requests
 from driver.adapters.base import AdapterConfig, PermissionDecision
-from driver.adapters.codex import CodexAdapter, _codex_decision
+from driver.adapters.codex import CodexAdapter
 from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
@@ -61,11 +62,38 @@ def test_policy_and_option_validation() -> None:
 
 
 def test_decisions() -> None:
-    assert _codex_decision(PermissionDecision("allowed", "accept", "allow_once")) == "accept"
-    assert _codex_decision(PermissionDecision("allowed", "acceptForSession", "allow_always")) == "acceptForSession"
-    assert _codex_decision(PermissionDecision("rejected", "decline", "reject_once")) == "decline"
-    assert _codex_decision(PermissionDecision("timed_out", None)) == "decline"
-    assert _codex_decision(PermissionDecision("cancelled", None)) == "cancel"
+    item = "item/commandExecution/requestApproval"
+
+    def decide(method: str, decision: PermissionDecision, params: dict[str, object] | None = None) -> object:
+        return codex_requests.answer(method, params or {}, decision)
+
+    assert decide(item, PermissionDecision("allowed", "accept", "allow_once")) == {"decision": "accept"}
+    always = PermissionDecision("allowed", "acceptForSession", "allow_always")
+    assert decide(item, always) == {"decision": "acceptForSession"}
+    assert decide(item, PermissionDecision("rejected", "decline", "reject_once")) == {"decision": "decline"}
+    assert decide(item, PermissionDecision("timed_out", None)) == {"decision": "decline"}
+    assert decide(item, PermissionDecision("cancelled", None)) == {"decision": "cancel"}
+    # Extra sandbox permissions: granted as asked, for the turn or the session; refused = nothing.
+    asked = {"permissions": {"network": {"enabled": True}}}
+    perms = "item/permissions/requestApproval"
+    once = PermissionDecision("allowed", "accept", "allow_once")
+    assert decide(perms, once, asked) == {"permissions": {"network": {"enabled": True}}, "scope": "turn"}
+    assert decide(perms, always, asked)["scope"] == "session"  # type: ignore[index]
+    assert decide(perms, PermissionDecision("rejected", "decline", "reject_once"), asked) == {
+        "permissions": {},
+        "scope": "turn",
+    }
+    # The v1 approvals still in the schema.
+    assert decide("execCommandApproval", always) == {"decision": "approved_for_session"}
+    assert decide("applyPatchApproval", PermissionDecision("rejected", None)) == {"decision": "denied"}
+    assert decide("applyPatchApproval", PermissionDecision("cancelled", None)) == {"decision": "abort"}
+    request = codex_requests.permission_request(
+        perms, {"itemId": "i1", "reason": "needs network", **asked}, lambda _: []
+    )
+    assert request.tool_call_id == "i1" and "needs network" in request.title
+    assert {o.kind for o in request.options} == {"allow_once", "allow_always", "reject_once"}
+    v1 = codex_requests.permission_request("execCommandApproval", {"callId": "c", "command": ["ls", "-l"]}, list)
+    assert v1.title == "Run: ls -l" and v1.tool_call_id == "c"
 
 
 def _emitted(turn: CodexTurn, method: str, params: dict[str, object]) -> list[object]:
@@ -94,6 +122,21 @@ def test_turn_mapping_files_plan_and_open_tools() -> None:
     assert [o[0] for o in out if isinstance(o, tuple)] == ["tool.started", "tool.completed"]
     files = [(f.relpath, f.change) for f in out if isinstance(f, FileTouched)]
     assert files == [("a.txt", "created"), ("old.txt", "deleted"), ("new.txt", "created"), ("gone.txt", "deleted")]
+
+    diff = (
+        "diff --git a/n.txt b/n.txt\nnew file mode 100644\n--- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+x\n"
+        "diff --git a/m.txt b/m.txt\n--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-a\n+b\n"
+        "diff --git a/d.txt b/d.txt\ndeleted file mode 100644\n--- a/d.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+        "diff --git a/r1.txt b/r2.txt\n--- a/r1.txt\n+++ b/r2.txt\n"
+    )
+    touched = _emitted(turn, "turn/diff/updated", {"diff": diff})
+    assert [(f.relpath, f.change) for f in touched if isinstance(f, FileTouched)] == [
+        ("n.txt", "created"),
+        ("m.txt", "modified"),
+        ("d.txt", "deleted"),
+        ("r1.txt", "deleted"),
+        ("r2.txt", "created"),
+    ]
 
     plan = _emitted(turn, "turn/plan/updated", {"plan": [{"step": "a", "status": "inProgress"}]})
     assert plan == [("plan.updated", {"entries": [{"content": "a", "status": "in_progress"}]})]
@@ -153,10 +196,41 @@ async def test_unknown_server_requests_are_refused(tmp_path: Path) -> None:
     config = AdapterConfig(session=session, execution=_execution(), state_dir=tmp_path, project_root=tmp_path)
     ports, _, perms = recording_ports(tmp_path)
     adapter = CodexAdapter(config, ports)
-    for method in ("item/tool/requestUserInput", "account/chatgptAuthTokens/refresh", "applyPatchApproval"):
+    for method in ("item/tool/requestUserInput", "account/chatgptAuthTokens/refresh", "attestation/generate"):
         with pytest.raises(JsonRpcError) as info:
             await adapter._on_request(method, {"threadId": "t"})
         assert info.value.code == METHOD_NOT_FOUND
     # A server's own elicitation (not a tool approval) is declined without asking anyone.
     answer = await adapter._on_request("mcpServer/elicitation/request", {"serverName": "docs", "_meta": {}})
     assert answer == {"action": "decline"} and perms.requests == []
+    # Every approval request goes through the permission port, the legacy v1 ones too.
+    answer = await adapter._on_request("applyPatchApproval", {"callId": "c1", "fileChanges": {"a.txt": {}}})
+    assert answer == {"decision": "approved"} and perms.requests[-1].title == "Edit a.txt"
+
+
+def test_session_notices_become_diagnostics() -> None:
+    assert codex_notices.diagnostic("configWarning", {"summary": "bad key", "details": "line 3"}) == {
+        "code": "provider.config",
+        "severity": "warning",
+        "message": "bad key (line 3)",
+        "details": {"codex_method": "configWarning"},
+    }
+    failed = {"name": "docs", "status": "failed", "error": "connection refused"}
+    notice = codex_notices.diagnostic("mcpServer/startupStatus/updated", failed)
+    assert notice is not None and notice["message"] == "mcp server 'docs' failed to start: connection refused"
+    assert codex_notices.diagnostic("mcpServer/startupStatus/updated", {"name": "docs", "status": "ready"}) is None
+    rerouted = {"fromModel": "a", "toModel": "b", "reason": "highRiskCyberActivity"}
+    assert "from a to b" in (codex_notices.diagnostic("model/rerouted", rerouted) or {})["message"]
+    for method in codex_notices.NOTICES:
+        payload = codex_notices.diagnostic(method, {"message": "m", "summary": "s", "name": "n", "status": "failed"})
+        assert payload is not None
+        validate_payload("diagnostic.reported", payload)
+
+
+def test_mcp_progress_is_tool_output() -> None:
+    turn = CodexTurn("run", "/w", "th")
+    call = {"type": "mcpToolCall", "id": "m1", "server": "docs", "tool": "search", "status": "inProgress"}
+    _emitted(turn, "item/started", {"item": call})
+    assert _emitted(turn, "item/mcpToolCall/progress", {"itemId": "m1", "message": "50%"}) == [
+        ("tool.output.delta", {"tool_call_id": "m1", "text": "50%\n"})
+    ]

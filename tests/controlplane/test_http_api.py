@@ -196,3 +196,37 @@ async def test_cli_serve_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_instance_shows_the_last_heartbeats_activity(cp: ControlPlane) -> None:
+    ws, _ = await handshake(cp.url)
+    activity = {
+        "provider_pid": 812,
+        "provider_cpu_ms": 5230,
+        "provider_rss_mb": 412.5,
+        "provider_processes": 3,
+        "last_provider_output_ms_ago": 1200,
+        "tool_call_id": "call-7",
+        "tool_running_ms": 64000,
+    }
+    beat = {
+        "type": "heartbeat",
+        "at": "2026-11-30T10:00:00.000Z",
+        "state": "running",
+        "run_id": "r1",
+        "outbox": {"lossless_pending": 0, "best_effort_dropped": 0},
+        "activity": activity,
+    }
+    with cp.subscribe(INSTANCE) as sub:
+        await send(ws, beat)
+        async with asyncio.timeout(5):
+            async for item in sub:
+                if item.get("type") == "heartbeat":
+                    break
+    status, body = await call(cp, "GET", f"/api/instances/{INSTANCE}")
+    assert status == 200
+    assert body["activity"] == activity and body["last_heartbeat"]["activity"] == activity
+    assert body["activity_line"] == (
+        "provider pid 812: 3 processes, 412.5 MB, cpu 5.2 s | last output 1.2 s ago | tool call-7 running 64.0 s"
+    )
+    await ws.close()

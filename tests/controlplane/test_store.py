@@ -100,3 +100,30 @@ def test_check_event_rejections(raw: bytes, event_id: str | None, named: str) ->
     assert isinstance(checked, InvalidEvent)
     assert checked.event_id == event_id
     assert named in checked.message
+
+
+TIMING = {"phase": "first_token", "ms": 12.5, "mode": "warm", "run_id": "run-1"}
+RECORDS = {"records": [{"at": "2026-11-29T10:00:01.250Z", "level": "info", "logger": "driver.link", "message": "x"}]}
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "delivery", "named"),
+    [
+        ("runtime.timing.recorded", TIMING, "lossless", None),
+        ("runtime.timing.recorded", {**TIMING, "phase": "lunch"}, "lossless", "phase"),
+        ("runtime.timing.recorded", {**TIMING, "mode": "tepid"}, "lossless", "mode"),
+        ("runtime.timing.recorded", TIMING, "best_effort", "delivery"),
+        ("log.records", RECORDS, "best_effort", None),
+        ("log.records", {**RECORDS, "dropped": 3}, "best_effort", None),
+        ("log.records", RECORDS, "lossless", "delivery"),
+        ("log.records", {"records": [{"level": "info"}]}, "best_effort", "at"),
+    ],
+)
+def test_check_event_knows_the_telemetry_kinds(
+    kind: str, payload: dict[str, object], delivery: str, named: str | None
+) -> None:
+    checked = check_event(json.dumps(event(1, kind, payload=payload, delivery=delivery, run_id=None)).encode())
+    if named is None:
+        assert isinstance(checked, ValidEvent), checked
+    else:
+        assert isinstance(checked, InvalidEvent) and named in checked.message, checked

@@ -17,7 +17,8 @@ The prompt text is scripted with the same markers as the fake model endpoints, w
 for an agent that has no model:
 - no marker: reply "Hello from the stubborn agent." in chunks;
 - `[[say:TEXT]]`: reply TEXT;
-- `[[echo]]`: reply with the text blocks of the prompt, one per line;
+- `[[term:CMD]]`: run CMD in a terminal that a tool call embeds while it runs (live output);
+- `[[echo]]`: reply with the text blocks of the prompt, one per line, then `[type] uri` of the others;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
@@ -29,10 +30,19 @@ for an agent that has no model:
 - `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
 - `[[error]]`: answer the prompt with a JSON-RPC error (after the reply);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
+- `[[compute:SECONDS]]`: announce a tool call, then compute (one core, busy) for SECONDS without a
+  word on the wire, then complete the call and reply "computed" (a silent tool that works);
+- `[[grow:MB]]`: allocate MB megabytes (written, so resident) and keep them for the process's life;
+- `[[env:NAME]]`: reply with the value of the environment variable NAME (or "unset");
+- `[[meta]]`: reply with the JSON of the prompt request's `_meta` (trace context rides there).
 Sessions it created can be loaded again with `session/load` (it advertises `loadSession`, unless
 `STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
 
 With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
+
+With `STUBBORN_RICH=1` it is a richer agent: it takes images and embedded context in prompts, and its
+sessions have modes (`ask`, `yolo`) and config options of both value types (a select `effort`, a
+boolean `fast`), which `session/set_mode` and `session/set_config_option` change.
 
 With `STUBBORN_AUTH_VAR=NAME` in its environment it advertises an `env_var` auth method reading NAME
 and answers `session/new` with "auth required" (-32000) until `authenticate` picked that method.
@@ -64,6 +74,27 @@ _sessions: set[str] = set()
 _cancelled: dict[str, threading.Event] = {}
 _session_params: dict[str, Any] = {}
 AUTH_VAR = os.environ.get("STUBBORN_AUTH_VAR")
+RICH = os.environ.get("STUBBORN_RICH") == "1"
+_config: dict[str, Any] = {"effort": "low", "fast": False}
+
+
+def session_state() -> dict[str, Any]:
+    """The `modes` and `configOptions` of a rich agent's session."""
+    if not RICH:
+        return {}
+    effort = [{"value": v, "name": v.title()} for v in ("low", "high")]
+    return {
+        "modes": {
+            "currentModeId": "ask",
+            "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "yolo", "name": "Yolo"}],
+        },
+        "configOptions": [
+            {"id": "effort", "name": "Effort", "type": "select", "currentValue": _config["effort"], "options": effort},
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": _config["fast"]},
+        ],
+    }
+
+
 _authenticated = threading.Event()
 
 
@@ -135,6 +166,22 @@ def permission(session_id: str, announce: bool) -> str:
     return "permission cancelled"
 
 
+_hoard: list[bytes] = []
+
+
+def compute(session_id: str, seconds: float) -> str:
+    tool_call_id = f"call-{uuid.uuid4().hex[:8]}"
+    tool = {"toolCallId": tool_call_id, "title": "Compute", "kind": "execute", "status": "in_progress"}
+    update(session_id, {"sessionUpdate": "tool_call", **tool})
+    deadline = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < deadline:
+        for i in range(10_000):
+            x ^= i * i
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": "completed"})
+    return "computed"
+
+
 def error_text(reply: dict[str, Any]) -> str:
     err = reply["error"]
     return f"{err.get('code')} {err.get('message')}"
@@ -149,6 +196,23 @@ def shell(session_id: str, command: str) -> str:
     output = call("terminal/output", {"sessionId": session_id, "terminalId": tid})
     call("terminal/release", {"sessionId": session_id, "terminalId": tid})
     return f"exit {waited['result'].get('exitCode')}: {output['result']['output']}"
+
+
+def term(session_id: str, command: str) -> str:
+    """Run `command` in a client terminal that a tool call embeds while it runs (its output is live)."""
+    created = call("terminal/create", {"sessionId": session_id, "command": "sh", "args": ["-c", command]})
+    if "error" in created:
+        return "terminal error: " + error_text(created)
+    tid = created["result"]["terminalId"]
+    tool = {"toolCallId": f"term-{tid}", "title": command, "kind": "execute", "status": "in_progress"}
+    content = [{"type": "terminal", "terminalId": tid}]
+    update(session_id, {"sessionUpdate": "tool_call", **tool, "content": content})
+    waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    code = waited["result"].get("exitCode")
+    done = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "completed"}
+    update(session_id, {**done, "rawOutput": {"exit_code": code}})
+    call("terminal/release", {"sessionId": session_id, "terminalId": tid})
+    return f"term exit {code}"
 
 
 def run_prompt(rid: Any, params: dict[str, Any]) -> None:
@@ -172,10 +236,20 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
     if "[[think]]" in text:
         chunk(session_id, "Thinking about it.", "agent_thought_chunk")
     reply = "Hello from the stubborn agent."
-    if "[[session]]" in text:
+    if m := re.search(r"\[\[compute:([0-9.]+)\]\]", text):
+        reply = compute(session_id, float(m.group(1)))
+    elif m := re.search(r"\[\[grow:([0-9]+)\]\]", text):
+        _hoard.append(b"\x01" * (int(m.group(1)) * 1024 * 1024))
+        reply = f"holding {sum(len(b) for b in _hoard) // (1024 * 1024)} MB"
+    elif m := re.search(r"\[\[env:(\w+)\]\]", text):
+        reply = os.environ.get(m.group(1), "unset")
+    elif "[[meta]]" in text:
+        reply = json.dumps(params.get("_meta"), sort_keys=True)
+    elif "[[session]]" in text:
         reply = json.dumps(_session_params.get(session_id), sort_keys=True)
     elif "[[echo]]" in text:
-        reply = "\n".join(texts(params))
+        links = [f"[{b['type']}] {b.get('uri')}" for b in params.get("prompt", []) if b.get("type") != "text"]
+        reply = "\n".join(texts(params) + links)
     elif m := re.search(r"\[\[say:(.*?)\]\]", text, re.S):
         reply = m.group(1)
     elif "[[perm-unannounced]]" in text:
@@ -190,6 +264,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
     elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
         reply = shell(session_id, m.group(1))
+    elif m := re.search(r"\[\[term:(.*?)\]\]", text, re.S):
+        reply = term(session_id, m.group(1))
     if "[[slow]]" in text:
         long = "".join(f"word{i} " for i in range(400))
         finished = stream(session_id, long, 400, 0.05)
@@ -225,6 +301,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
                         "loadSession": LOAD_SESSION,
                         "sessionCapabilities": {"additionalDirectories": {}},
                         "mcpCapabilities": {"http": True},
+                        "promptCapabilities": {"image": RICH, "embeddedContext": RICH},
                     },
                     "authMethods": auth_methods(),
                     "agentInfo": {"name": "stubborn", "version": "0"},
@@ -246,15 +323,20 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params
-        send({"id": rid, "result": {"sessionId": sid}})
+        send({"id": rid, "result": {"sessionId": sid, **session_state()}})
     elif method == "session/load":
         sid = params.get("sessionId", "")
         if sid.startswith("stub-"):
             _sessions.add(sid)
             _session_params[sid] = params
-            send({"id": rid, "result": {}})
+            send({"id": rid, "result": session_state()})
         else:
             send({"id": rid, "error": {"code": -32002, "message": f"session not found: {sid}"}})
+    elif method == "session/set_mode" and RICH:
+        send({"id": rid, "result": {}})
+    elif method == "session/set_config_option" and RICH:
+        _config[params["configId"]] = params["value"]
+        send({"id": rid, "result": {"configOptions": session_state()["configOptions"]}})
     elif method == "session/prompt":
         threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
     else:

@@ -111,7 +111,8 @@ def build_wheel(out: Path) -> Path:
 def make_venv(venv: Path, wheel: Path) -> Path:
     assert SYSTEM_PYTHON.exists(), f"{SYSTEM_PYTHON} is missing: the image's Python is Debian's python3"
     run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", venv])
-    run([PIP, "--python", venv / "bin" / "python", "install", "--quiet", wheel])
+    # With the `telemetry` extra, as the Dockerfile installs it (OTLP export when a payload asks for it).
+    run([PIP, "--python", venv / "bin" / "python", "install", "--quiet", f"{wheel}[telemetry]"])
     return venv
 
 

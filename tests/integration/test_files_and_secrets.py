@@ -75,6 +75,8 @@ async def test_attachments_artifacts_skills_and_child_environment(tmp_path: Path
         assert (cwd / "inputs" / "notes.txt").read_bytes() == b"attached!"
         final = cp.events(INSTANCE, kinds="run.completed", run_id="run-att")[0]["payload"]["final_message_text"]
         assert "inputs/notes.txt" in final
+        # The attachment itself reached the adapter too (not only its name in the text).
+        assert f"[resource_link] {(cwd / 'inputs' / 'notes.txt').as_uri()}" in final
 
         cid2, _ = await cp.send_command(
             INSTANCE,
@@ -105,6 +107,24 @@ async def test_attachments_artifacts_skills_and_child_environment(tmp_path: Path
         st3 = await cp.wait_for_command_status(cid3, timeout=30)
         assert st3["status"] == "failed" and st3["error"]["code"] == "input.attachment_invalid"
         assert not (cwd / "inputs" / "n.txt").exists()
+
+        # An image for an agent that takes no images (the stub advertises none) is refused, not lost.
+        image = tmp_path / "pic.png"
+        image.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+        cid4, _ = await cp.send_command(
+            INSTANCE,
+            "input.start",
+            run_id="run-img",
+            input={
+                "text": "[[say:never]]",
+                "attachments": [
+                    {"name": "pic.png", "url": image.as_uri(), "sha256": sha(image.read_bytes()), "size": 19}
+                ],
+            },
+        )
+        st4 = await cp.wait_for_command_status(cid4, timeout=30)
+        assert st4["status"] == "failed" and st4["error"]["code"] == "command.invalid", st4
+        assert "does not accept images" in st4["error"]["message"]
 
         # Nothing the driver stored or logged carries the token.
         everything = repr(cp.events(INSTANCE))

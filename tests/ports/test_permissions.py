@@ -189,3 +189,21 @@ async def test_request_ids_are_unique() -> None:
         await b.request(REQUEST)
     ids = [p["request_id"] for k, p in rec.events if k == "permission.requested"]
     assert ids == ["prm-1-1", "prm-1-2", "prm-1-3"]
+
+
+async def test_a_request_the_provider_withdraws_resolves_cancelled() -> None:
+    rec = Recorder()
+    b = broker(rec)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+
+            async def asker() -> None:
+                await b.request(REQUEST)
+
+            tg.start_soon(asker)
+            await rec.requested.wait()
+            tg.cancel_scope.cancel()  # what a provider's `$/cancel_request` / `serverRequest/resolved` does
+    assert rec.kinds == ["permission.requested", "permission.resolved"]
+    assert rec.payload("permission.resolved")["outcome"] == "cancelled"
+    assert rec.payload("permission.resolved")["decided_by"] == "cancel"
+    assert b.pending_count == 0

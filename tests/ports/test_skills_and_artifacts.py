@@ -58,7 +58,31 @@ async def test_skill_installs_atomically(tmp_path: Path) -> None:
     )
     assert got.path == (cwd / ".skills" / "s").resolve()
     assert (got.path / "lib" / "util.py").read_text() == "x = 1"
-    assert not any(p.name.startswith(".s") and p.name != "s" for p in (cwd / ".skills").iterdir())
+    # Nothing left behind but the skill and the record of the hash it was unpacked from.
+    assert sorted(p.name for p in (cwd / ".skills").iterdir()) == [".s.sha256", "s"]
+
+
+async def test_reinstalling_the_same_archive_is_a_no_op(tmp_path: Path) -> None:
+    archive = tmp_path / "skill.zip"
+    data = make_zip({"SKILL.md": b"# v1"})
+    archive.write_bytes(data)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    entry = Skill(name="s", archive_url=archive.as_uri(), sha256=sha(data), mount_path="skills/s")
+    first = await skills.install(entry, cwd)
+    assert not first.reused
+    (first.path / "notes.txt").write_text("kept")  # proof the folder is not unpacked again
+    archive.unlink()  # and nothing is fetched: the archive is gone
+    again = await skills.install(entry, cwd)
+    assert again.reused and again.path == first.path and (again.path / "notes.txt").read_text() == "kept"
+    # Another hash is a new version: fetched and unpacked in place of the old one.
+    data2 = make_zip({"SKILL.md": b"# v2"})
+    archive.write_bytes(data2)
+    newer = await skills.install(
+        Skill(name="s", archive_url=archive.as_uri(), sha256=sha(data2), mount_path="skills/s"), cwd
+    )
+    assert not newer.reused and (newer.path / "SKILL.md").read_text() == "# v2"
+    assert not (newer.path / "notes.txt").exists()
 
 
 @pytest.mark.parametrize(

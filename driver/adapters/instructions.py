@@ -1,0 +1,146 @@
+"""What every runtime is told besides the prompt: the execution's system prompt, a short paragraph of
+the driver's own (where artifacts go, where a pet's memory lives) and the installed skills (§6.4).
+
+Plain functions over the boot payload and the files the kernel unpacked (no provider import):
+- `installed_skills` reads each installed skill's `SKILL.md` front matter (name, description);
+- `link_skills` exposes them in a runtime's native skills folder (Claude Code's, Codex's), as links
+  to the folders under `cwd`, so the model reads and the runtime lists the very files we installed;
+- `compose` builds the instruction text for a runtime's system prompt (or its first prompt, for an
+  ACP agent that takes no system prompt), with a skills section where there is no native mechanism.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver.protocol.boot import ExecutionConfig, SessionConfig, Skill
+
+SKILL_FILE = "SKILL.md"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX_DESCRIPTION = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SkillInfo:
+    name: str
+    description: str
+    path: Path  # the installed folder (holds SKILL.md)
+
+    @property
+    def folder_name(self) -> str:
+        """A file-system-safe name for a native skills folder entry."""
+        return _SAFE_NAME.sub("-", self.name).strip(".-") or "skill"
+
+
+def front_matter(text: str) -> dict[str, str]:
+    """The scalar keys of a Markdown file's YAML front matter (`---` ... `---`).
+
+    Only what SKILL.md uses: `key: value` (plain or quoted) and folded/literal blocks (`>` / `|`).
+    A full YAML parser would be one more dependency for two fields."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    out: dict[str, str] = {}
+    i = 1
+    while i < len(lines) and lines[i].strip() != "---":
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.startswith((" ", "\t", "#")) or ":" not in line:
+            continue
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if value in (">", "|", ">-", "|-", ">+", "|+"):
+            block: list[str] = []
+            while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+                block.append(lines[i].strip())
+                i += 1
+            joiner = "\n" if value.startswith("|") else " "
+            value = joiner.join(b for b in block if b) if joiner == " " else "\n".join(block).strip()
+        elif len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def installed_skills(cwd: Path, skills: Iterable[Skill]) -> list[SkillInfo]:
+    """The skills of the execution that are installed under `cwd` (a failed install is skipped: the
+    kernel reported it). The name and description come from SKILL.md, falling back to the entry's."""
+    found: list[SkillInfo] = []
+    for skill in skills:
+        folder = cwd / skill.mount_path
+        try:
+            text = (folder / SKILL_FILE).read_text(errors="replace")
+        except OSError:
+            continue
+        meta = front_matter(text)
+        name = meta.get("name") or skill.name
+        description = meta.get("description", "")[:_MAX_DESCRIPTION]
+        found.append(SkillInfo(name, description, folder))
+    return found
+
+
+def link_skills(skills: Sequence[SkillInfo], folder: Path) -> None:
+    """Make `folder/<name>` a link to each skill's installed folder (and drop links of skills no
+    longer in the execution); the folder belongs to the driver (under `state_dir`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = {s.folder_name: s.path for s in skills}
+    for entry in folder.iterdir():
+        if entry.is_symlink() and entry.name not in wanted:
+            entry.unlink()
+    for name, target in wanted.items():
+        link = folder / name
+        if link.is_symlink() and os.readlink(link) == str(target):
+            continue
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():
+            continue  # a real folder of the runtime's own (e.g. Codex's system skills): not ours to touch
+        link.symlink_to(target, target_is_directory=True)
+
+
+def driver_paragraph(session: SessionConfig) -> str:
+    lines = [
+        "Working environment (from agent-driver):",
+        f"- Your working directory is {session.cwd}. Files you place under `outputs/` there are "
+        "delivered to the user as artifacts of this run; files the user attached are under `inputs/`.",
+    ]
+    if session.kind == "pet" and session.memory_dir:
+        lines.append(
+            f"- Your memory directory is {session.memory_dir}. It is kept across restarts of this agent: "
+            "keep notes there that you want to remember in later sessions."
+        )
+    return "\n".join(lines)
+
+
+def skills_paragraph(skills: Sequence[SkillInfo]) -> str:
+    if not skills:
+        return ""
+    lines = [
+        "Skills: each is a folder with a SKILL.md holding its instructions. When a task matches a "
+        "skill's description, read its SKILL.md first and follow it."
+    ]
+    lines += [f"- {s.name}: {s.description} (file: {s.path / SKILL_FILE})" for s in skills]
+    return "\n".join(lines)
+
+
+def skill_paths_paragraph(skills: Sequence[SkillInfo]) -> str:
+    """For a runtime that lists skills natively without their location: where each one's files are."""
+    if not skills:
+        return ""
+    lines = ["Your skills are installed here (each folder holds its SKILL.md and the files it refers to):"]
+    lines += [f"- {s.name}: {s.path}" for s in skills]
+    return "\n".join(lines)
+
+
+def compose(
+    execution: ExecutionConfig, session: SessionConfig, skills: Sequence[SkillInfo] = (), *, own_prompt: bool = True
+) -> str:
+    """The instruction text: the execution's system prompt (when `own_prompt`; a runtime that sends it
+    separately passes False), the driver's paragraph, then the skills section (for a runtime without a
+    native skills mechanism; pass no skills otherwise)."""
+    parts = [execution.system_prompt.strip() if own_prompt else "", driver_paragraph(session), skills_paragraph(skills)]
+    return "\n\n".join(p for p in parts if p)
