@@ -51,8 +51,8 @@ async def run(args: argparse.Namespace) -> Report:
     from driver.evidence import conditions
     from driver.evidence.rig import Fakes, project_root, rig
 
-    runtimes = args.runtime or list(RUNTIMES)
-    claims = args.claim or list(CLAIMS)
+    runtimes = list(dict.fromkeys(args.runtime or RUNTIMES))  # a repeated --runtime runs once
+    claims = [c for c in CLAIMS if c in (args.claim or CLAIMS)]  # the report keeps the claims' order
     runs = args.runs or (5 if args.quick else 30)
     report = Report(offline=True, conditions=conditions.collect(project_root(), runtimes, args.quick, runs))
     collectors = _collectors()
@@ -70,7 +70,6 @@ async def run(args: argparse.Namespace) -> Report:
                 print(
                     f"  {name} / {runtime}: {claim.verdict} ({time.monotonic() - t:.0f} s)", file=sys.stderr, flush=True
                 )
-                await anyio.lowlevel.checkpoint()
     if args.bench if args.bench is not None else not args.quick:
         from driver.evidence import performance
 

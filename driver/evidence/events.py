@@ -24,8 +24,8 @@ TOOL = "[[shell:sleep 1; echo ev-tool-done]]"
 FLOOD = project_root() / "tests" / "faults" / "flood_acp_agent.py"
 
 
-def _history(rig: Rig, instance: str, open_ok: set[str] = set()) -> checks.Accounting:  # noqa: B006
-    return checks.account(rig.tap.for_instance(instance), rig.cp.events(instance), open_runs_ok=open_ok)
+def _history(rig: Rig, instance: str) -> checks.Accounting:
+    return checks.account(rig.tap.for_instance(instance), rig.cp.events(instance))
 
 
 async def link_cut(rig: Rig, instance: str) -> dict[str, Any]:

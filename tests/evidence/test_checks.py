@@ -207,3 +207,16 @@ def test_the_markdown_opens_with_a_summary_per_claim_and_runtime() -> None:
     assert "| claim | acp | claude-agent-sdk |" in text
     assert "| resume | passed | **FAILED** |" in text
     assert "| driver killed | **FAILED** | - |  | provider left |" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--runs", "0"], "--runs"), (["--runtime", "gemini"], "--runtime"), (["--claim", "speed"], "--claim")],
+)
+def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from driver.evidence.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
