@@ -197,10 +197,15 @@ def exit_status(code: int | None) -> int | None:
 
 
 def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, a process's identity.
-    None for a process that is gone, zombies included (dead, only not reaped yet: nothing to kill)."""
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, a process's identity
+    (a zombie's too: a reused pid stays recognisable while its new owner awaits reaping)."""
     fields = _stat_fields(pid)
-    return int(fields[19]) if fields and fields[0] != "Z" else None
+    return int(fields[19]) if fields else None
+
+
+def _zombie(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] == "Z"
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -254,7 +259,7 @@ def reap(entries: Iterable[dict[str, int]]) -> list[int]:
         current = start_time(pid)
         if current is not None and current != start:
             continue  # the pid was reused: that process and its group are not ours
-        if current is not None:
+        if current is not None and not _zombie(pid):  # a zombie is dead already: nothing to kill
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)

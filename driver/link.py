@@ -199,7 +199,9 @@ class Link:
         # The code we sent, when we closed first (1009 for a frame over 4 MiB, 4400, 4408): a CP that
         # never answers the close frame leaves `code` at 1006, and the log must still say why.
         sent = ws.protocol.close_sent.code if ws.protocol.close_sent is not None else None
-        if code == CLOSE_TOO_BIG and sent != CLOSE_TOO_BIG:  # the CP refused a frame of ours (§4.3)
+        # The CP refused a frame of ours (§4.3): its 1009 came first (our close frame then echoes it).
+        rcvd = ws.protocol.close_rcvd
+        if rcvd is not None and rcvd.code == CLOSE_TOO_BIG and ws.protocol.close_rcvd_then_sent is not False:
             await self._refused_too_big()
         # Outbox statistics at every link change: what is waiting, how old, how often retried, drops.
         log.info("link.closed", code=code, sent=sent, reaction=reaction.reason, outbox=self._outbox.describe())
