@@ -9,15 +9,17 @@ and never contains a value from the file.
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import msgspec
 
-from driver.protocol.boot import BOOT_DECODER, BootPayload
+from driver.protocol.boot import BOOT_DECODER, OWN_MESSAGES, BootPayload
 
 MAX_BOOT_BYTES = 1024 * 1024
 ENV_BOOT_FILE = "AGENT_DRIVER_BOOT_FILE"
 EX_CONFIG = 78
+ALLOWED_MODES = (0o600, 0o400)
 
 
 class BootError(Exception):
@@ -37,50 +39,74 @@ def resolve_boot_path(cli_path: str | None) -> str:
     return path
 
 
-def _read_checked(path: str) -> bytes:
+def _open(path: str) -> int:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise BootError(f"boot: payload file not found: {path}") from None
     except OSError as exc:
         if os.path.islink(path):
             raise BootError(f"boot: payload file is a symlink, refused: {path}") from None
         raise BootError(f"boot: cannot open payload file {path}: {exc.strerror}") from None
+
+
+def _read_checked(fd: int, path: str) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise BootError(f"boot: payload is not a regular file: {path}")
+    if st.st_uid != os.geteuid():
+        raise BootError(f"boot: payload file is owned by uid {st.st_uid}, not the driver's uid {os.geteuid()}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode not in ALLOWED_MODES:
+        # Exactly 0600 or 0400: an execute bit, a missing read bit or a setuid/sticky bit is as
+        # suspicious as a group or other bit (PROTOCOL §1).
+        raise BootError(f"boot: payload file mode {mode:04o} is refused (must be 0600 or 0400)")
+    if st.st_size > MAX_BOOT_BYTES:
+        raise BootError(f"boot: payload file is {st.st_size} bytes, over the 1 MiB limit")
+    chunks: list[bytes] = []
+    remaining = MAX_BOOT_BYTES + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 65536))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > MAX_BOOT_BYTES:
+        raise BootError("boot: payload file is over the 1 MiB limit")
+    return data
+
+
+def _zero(fd: int) -> bool:
+    """Overwrite the file behind `fd` (the one we opened and judged, not whatever the path names now)
+    with zeros; True if the bytes were overwritten and fsync'd. The read-only descriptor is reopened
+    for writing through /proc/self/fd, after making a 0400 file writable by its owner."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise BootError(f"boot: payload is not a regular file: {path}")
-        if st.st_uid != os.geteuid():
-            raise BootError(
-                f"boot: payload file is owned by uid {st.st_uid}, not the driver's uid {os.geteuid()}"
-            )
-        if st.st_mode & 0o077:
-            raise BootError(
-                f"boot: payload file mode {stat.S_IMODE(st.st_mode):04o} is open to group or others "
-                "(must be 0600 or 0400)"
-            )
-        if st.st_size > MAX_BOOT_BYTES:
-            raise BootError(f"boot: payload file is {st.st_size} bytes, over the 1 MiB limit")
-        chunks: list[bytes] = []
-        remaining = MAX_BOOT_BYTES + 1
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 65536))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > MAX_BOOT_BYTES:
-            raise BootError("boot: payload file is over the 1 MiB limit")
-        return data
-    finally:
-        os.close(fd)
+            return False
+        if not stat.S_IMODE(st.st_mode) & stat.S_IWUSR:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+        wfd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(wfd).st_size
+            block = bytes(65536)
+            written = 0
+            while written < size:
+                written += os.pwrite(wfd, block[: min(len(block), size - written)], written)
+            os.fsync(wfd)
+        finally:
+            os.close(wfd)
+        return True
+    except OSError:
+        return False
 
 
-def _destroy(path: str, *, zero_on_failure: bool) -> None:
+def _destroy(path: str, fd: int) -> None:
     """Unlink the payload path (for a symlink: the link, never its target).
 
-    If unlinking fails, a payload we read is overwritten with zeros and the driver exits non-zero.
+    If unlinking fails, the file we opened is overwritten with zeros, whether it was accepted or
+    refused for its mode, owner or size, and the driver exits 1: the sandbox is at fault, not the payload.
     """
     try:
         os.unlink(path)
@@ -89,17 +115,9 @@ def _destroy(path: str, *, zero_on_failure: bool) -> None:
         return
     except OSError as exc:
         reason = exc.strerror
-    if zero_on_failure:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.write(fd, b"\0" * os.fstat(fd).st_size)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-    raise BootError(f"boot: cannot unlink payload file {path} ({reason}); its content was overwritten", 1)
+    if fd >= 0 and _zero(fd):
+        raise BootError(f"boot: cannot unlink payload file {path} ({reason}); its content was overwritten", 1)
+    raise BootError(f"boot: cannot unlink payload file {path} ({reason}) nor overwrite it", 1)
 
 
 def parse_payload(data: bytes) -> BootPayload:
@@ -109,22 +127,55 @@ def parse_payload(data: bytes) -> BootPayload:
         raise BootError(f"boot: invalid payload: {_describe(exc)}") from None
     except msgspec.DecodeError as exc:
         raise BootError(f"boot: payload is not valid JSON: {_describe(exc)}") from None
+    except RecursionError:
+        raise BootError("boot: invalid payload: JSON nested too deeply") from None
+
+
+# msgspec's messages that carry no value from the input: the expectation comes from the schema.
+_SAFE_MESSAGE = re.compile(
+    r"^(Expected `[^`]*`[^'\"]*|Object missing required field `[A-Za-z0-9_]+`|JSON is malformed: [a-z ]+"
+    r"|Input data was truncated|Integer value out of range|Number out of range)"
+)
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([A-Za-z0-9_]{1,64})`$")
 
 
 def _describe(exc: Exception) -> str:
-    # msgspec messages name the path (`$.control.url`) and the expected type, never the value; keep
-    # them, minus the `$.` prefix, so the line names the field as the payload spells it.
-    return str(exc).replace("`$.", "`").replace("`$`", "`(root)`")
+    """One line naming the field path and the expectation, never a value from the payload.
+
+    msgspec's own text may echo a value (`Invalid enum value 'x' - at ...`), so it is not printed as is:
+    only the path, and the part of the message known to come from the schema, survive.
+    """
+    text = str(exc)
+    message, _, where = text.partition(" - at `")
+    path = where.rstrip("`")
+    path = "(root)" if path in ("", "$") else path.removeprefix("$.")
+    if not where:
+        # Our own cross-field checks (`__post_init__`) have fixed messages naming the fields.
+        return text if text in OWN_MESSAGES or _SAFE_MESSAGE.match(text) else "invalid payload"
+    if (m := _UNKNOWN_FIELD.match(message)) is not None:
+        return f"unknown field `{m.group(1)}` in `{path}`"
+    if message.startswith("Object contains unknown field"):
+        return f"unknown field in `{path}`"
+    if message.startswith("Invalid enum value"):
+        return f"`{path}` has a value that is not allowed"
+    if _SAFE_MESSAGE.match(message):
+        return f"{message} - at `{path}`" if where else message
+    return f"`{path}` is invalid"
 
 
 def read_boot_payload(path: str) -> BootPayload:
     """Read, destroy, then validate. The path is removed whatever went wrong, so a rejected payload
     (wrong mode, wrong owner, too large, invalid) does not linger with a secret in it."""
-    data: bytes | None = None
+    fd = -1
     try:
-        data = _read_checked(path)
+        fd = _open(path)
+        data = _read_checked(fd, path)
     finally:
-        _destroy(path, zero_on_failure=data is not None)
+        try:
+            _destroy(path, fd)
+        finally:
+            if fd >= 0:
+                os.close(fd)
     return parse_payload(data)
 
 

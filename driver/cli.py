@@ -9,6 +9,11 @@ import time
 
 def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    from driver.undumpable import make_undumpable
+
+    # First, before the payload (and its token) is in memory: same-uid processes (the agent's tools)
+    # must not read /proc/<driver>/mem or environ, nor ptrace the driver.
+    make_undumpable()
     from driver import boot as boot_mod
     from driver import logs
 

@@ -52,6 +52,15 @@ def check_transport(control: ControlConfig) -> None:
         raise TransportRefused("control.url must not carry credentials (the token goes in a header)")
     if parts.scheme == "ws" and not control.insecure_transport and not _is_loopback(parts.hostname):
         raise TransportRefused("control.url uses ws:// to a non-loopback host (set insecure_transport to allow)")
+    if parts.scheme == "wss" and control.ca_file:
+        # Loaded once here so a missing or unparsable file is a configuration error (exit 78), not a
+        # dial failure retried forever.
+        try:
+            ssl_context(control)
+        except OSError as exc:
+            raise TransportRefused(f"control.ca_file cannot be read ({exc.strerror or 'unreadable'})") from None
+        except ssl.SSLError:
+            raise TransportRefused("control.ca_file holds no usable PEM certificate") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -183,8 +192,11 @@ class Link:
             if code == 1005:  # "no status received": treat like an abnormal end
                 code = 1006
         reaction = self.core.closed(code, self._clock())
+        # The code we sent, when we closed first (1009 for a frame over 4 MiB, 4400, 4408): a CP that
+        # never answers the close frame leaves `code` at 1006, and the log must still say why.
+        sent = ws.protocol.close_sent.code if ws.protocol.close_sent is not None else None
         # Outbox statistics at every link change: what is waiting, how old, how often retried, drops.
-        log.info("link.closed", code=code, reaction=reaction.reason, outbox=self._outbox.describe())
+        log.info("link.closed", code=code, sent=sent, reaction=reaction.reason, outbox=self._outbox.describe())
         return reaction
 
     async def _handle(self, ws: ClientConnection, data: bytes, tg: anyio.abc.TaskGroup) -> None:

@@ -169,3 +169,124 @@ def test_acp_runtime_requires_acp_block(tmp_path: Path) -> None:
     f = write(tmp_path / "boot.json", json.dumps(p))
     with pytest.raises(BootError, match=r"execution\.acp"):
         read_boot_payload(str(f))
+
+
+# --- issue 11 §1 hardening -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o500, 0o200, 0o000, 0o4600, 0o1600])
+def test_only_0600_and_0400_pass(tmp_path: Path, mode: int) -> None:
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)), mode)
+    with pytest.raises(BootError, match="mode") as info:
+        read_boot_payload(str(f))
+    assert info.value.exit_code == 78
+    assert not f.exists()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o400, 0o600])
+def test_payload_whose_unlink_fails_is_zeroed(tmp_path: Path, mode: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused for its mode (0644) or accepted (0400, 0600): if the unlink fails, the bytes are zeroed
+    and the driver exits 1 (the sandbox is at fault)."""
+    data = json.dumps(payload(tmp_path)).encode()
+    f = write(tmp_path / "boot.json", data, mode)
+
+    def refuse(path: object, *args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    with pytest.raises(BootError, match="unlink") as info:
+        read_boot_payload(str(f))
+    monkeypatch.undo()
+    assert info.value.exit_code == 1
+    assert f.read_bytes() == b"\0" * len(data)
+    assert TOKEN not in str(info.value)
+
+
+def test_oversized_payload_whose_unlink_fails_is_zeroed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = payload(tmp_path)
+    p["execution"]["system_prompt"] = "x" * (1024 * 1024)
+    data = json.dumps(p).encode()
+    f = write(tmp_path / "boot.json", data)
+    monkeypatch.setattr(os, "unlink", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "nope")))
+    with pytest.raises(BootError, match="unlink"):
+        read_boot_payload(str(f))
+    monkeypatch.undo()
+    assert f.read_bytes().count(0) == len(data)
+
+
+def test_other_owner_whose_unlink_fails_is_zeroed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")  # CI and dev machines here run as root
+    data = json.dumps(payload(tmp_path)).encode()
+    f = write(tmp_path / "boot.json", data)
+    os.chown(f, 12345, 12345)
+    monkeypatch.setattr(os, "unlink", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "nope")))
+    with pytest.raises(BootError, match="unlink"):
+        read_boot_payload(str(f))
+    monkeypatch.undo()
+    assert f.read_bytes() == b"\0" * len(data)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda p: p["session"].update(kind="SECRETKIND"), "session.kind"),
+        (lambda p: p.update(protocol="SECRETKIND"), "protocol"),
+        (lambda p: p["execution"].update(permission_policy="SECRETKIND"), "execution.permission_policy"),
+        (lambda p: p["execution"].update(native_resume={"runtime": "SECRETKIND", "value": "v"}), "native_resume"),
+        # An unknown key is named only when it looks like a field name (a typo to fix), never otherwise.
+        (lambda p: p["session"].update({"SECRETKIND value=1": 1}), "session"),
+        (lambda p: p["session"].update(idle_exit_ms=2**70), "session.idle_exit_ms"),
+    ],
+)
+def test_schema_errors_never_echo_a_value(tmp_path: Path, mutate: Any, field: str) -> None:
+    p = payload(tmp_path)
+    mutate(p)
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError) as info:
+        read_boot_payload(str(f))
+    message = str(info.value)
+    assert field in message
+    assert "SECRETKIND" not in message
+    assert str(2**70) not in message
+    assert "\n" not in message
+
+
+def test_missing_ca_file_exits_78(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["control"].update(url="wss://127.0.0.1:1/driver", ca_file=str(tmp_path / "missing-ca.pem"))
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    proc = run_driver(f)
+    assert proc.returncode == 78, proc.stderr
+    assert "control.ca_file" in proc.stderr
+    assert TOKEN not in proc.stderr
+
+
+def test_unreadable_ca_file_exits_78(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nnot base64 !!\n-----END CERTIFICATE-----\n")
+    p = payload(tmp_path)
+    p["control"].update(url="wss://127.0.0.1:1/driver", ca_file=str(ca))
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    proc = run_driver(f)
+    assert proc.returncode == 78, proc.stderr
+    assert "control.ca_file" in proc.stderr
+
+
+def test_deeply_nested_payload_is_a_clear_error(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["execution"]["provider_options"] = {"x": "DEEP"}
+    text = json.dumps(p).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    f = write(tmp_path / "boot.json", text)
+    with pytest.raises(BootError, match="nested") as info:
+        read_boot_payload(str(f))
+    assert info.value.exit_code == 78
+
+
+@pytest.mark.parametrize("field", ["host_tool_timeout_ms", "permission_timeout_ms"])
+def test_millisecond_fields_beyond_64_bits_are_refused(tmp_path: Path, field: str) -> None:
+    p = payload(tmp_path)
+    p["execution"][field] = 2**70
+    f = write(tmp_path / "boot.json", json.dumps(p))
+    with pytest.raises(BootError, match=field):
+        read_boot_payload(str(f))

@@ -29,6 +29,7 @@ from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
 from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError
 from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.ports.mcp_host import McpHostServer
 
 log = structlog.get_logger(__name__)
@@ -140,6 +141,7 @@ class AcpClient(Adapter):
             jsonrpc_version="2.0",
             on_request=self._on_request,
             on_notification=self._on_notification,
+            on_violation=ProtocolDiagnostics(self.ports.emit, "the acp agent"),
         )
         self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
         self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output)

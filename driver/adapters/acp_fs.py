@@ -1,8 +1,9 @@
 """ACP `fs/read_text_file` and `fs/write_text_file` on the client side, behind path admission.
 
 Every path goes through `FilePort.admit` (PROTOCOL §6.5: inside cwd, memory_dir or an additional
-directory, after resolving symlinks). The final open also refuses a symlink (`O_NOFOLLOW`), so a
-link planted between admission and the write cannot redirect it. Errors are `JsonRpcError`s whose
+directory, after resolving symlinks). The open then walks the admitted path with `O_NOFOLLOW` at
+every component (`open_admitted`), so a link planted between admission and the open, as the file or
+in place of any parent directory, cannot redirect it. Errors are `JsonRpcError`s whose
 message names the problem; a missing file is ACP's "resource not found" (-32002).
 """
 
@@ -20,6 +21,7 @@ import anyio
 from driver.adapters import acp_models as m
 from driver.adapters.base import FilePort, PathNotAllowed
 from driver.adapters.jsonrpc import JsonRpcError
+from driver.ports.files import open_admitted
 
 # Keep a read well below the JSON-RPC line limit (64 MiB) once escaped into a response.
 MAX_READ_BYTES = 16 * 1024 * 1024
@@ -43,7 +45,7 @@ def admit(files: FilePort, path: str) -> Path:
 
 def _read(path: Path, line: int | None, limit: int | None) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_admitted(path, os.O_RDONLY)
     except FileNotFoundError:
         raise JsonRpcError(m.RESOURCE_NOT_FOUND, f"file not found: {path}") from None
     except OSError as exc:
@@ -65,10 +67,15 @@ def _read(path: Path, line: int | None, limit: int | None) -> str:
 
 def _write(path: Path, content: str) -> WriteResult:
     data = content.encode("utf-8")
-    created = not path.exists()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = open_admitted(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_parents=True)
+        created = True
+    except FileExistsError:
+        created = False
+        try:
+            fd = open_admitted(path, os.O_WRONLY | os.O_TRUNC)
+        except OSError as exc:
+            raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     except OSError as exc:
         raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     with os.fdopen(fd, "wb") as fh:
@@ -79,6 +86,8 @@ def _write(path: Path, content: str) -> WriteResult:
 def _reason(exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return "is a symbolic link"
+    if exc.errno == errno.ENOTDIR:
+        return "a parent is not a directory (or is a symbolic link)"
     return exc.strerror or type(exc).__name__
 
 
@@ -95,7 +104,7 @@ async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> Wri
 def sha256_of(path: Path) -> str | None:
     """The file's sha256, or None when it does not exist (deleted) or is not a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_admitted(path, os.O_RDONLY)
     except OSError:
         return None
     digest = hashlib.sha256()

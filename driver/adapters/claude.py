@@ -40,6 +40,7 @@ from driver.adapters.claude_options import (
     RUNTIME,
     bundled_cli,
     mcp_servers,
+    mcp_stdio_environment,
     provider_environment,
     recovery_preamble,
     redactor,
@@ -163,6 +164,7 @@ class ClaudeAdapter(Adapter):
         config = self.config
         execution = config.execution
         env = provider_environment(config.env, config.state_dir)
+        env.update(mcp_stdio_environment(execution.mcp_servers))
         servers, problems = mcp_servers(execution.mcp_servers, execution.environment)
         self._pending_diagnostics = problems
         # Skills (PROTOCOL §6.4) the native way: linked into the user skills folder of our own

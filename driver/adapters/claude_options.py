@@ -56,9 +56,14 @@ def provider_environment(base: Mapping[str, str], state_dir: Path) -> dict[str, 
 def mcp_servers(
     servers: Iterable[McpServer], environment: Mapping[str, str]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """PROTOCOL §6.3 entries in the SDK's native form. Header values come from
-    `execution.environment` at start and are only ever passed in memory. Returns the servers and
-    the problems found (names of missing variables, never their values)."""
+    """PROTOCOL §6.3 entries in the SDK's native form. Returns the servers and the problems found
+    (names of missing variables, never their values).
+
+    A header's value is written as `${VAR}`, never as the value: the SDK hands these entries to the
+    CLI as `--mcp-config` JSON on its command line, which every process can read in
+    /proc/<pid>/cmdline. The CLI expands `${VAR}` from its own environment, where `VAR` already is
+    (`execution.environment` is the provider's environment), so the value stays out of argv and off
+    disk."""
     native: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for server in servers:
@@ -66,7 +71,7 @@ def mcp_servers(
             headers: dict[str, str] = {}
             for header, var in server.headers_from_env.items():
                 if var in environment:
-                    headers[header] = environment[var]
+                    headers[header] = "${" + var + "}"
                 else:
                     problems.append(f"mcp server {server.name!r}: header {header} needs ${var}, which is not set")
             entry: dict[str, Any] = {"type": "http", "url": server.url or ""}
@@ -81,9 +86,26 @@ def mcp_servers(
                 "type": "stdio",
                 "command": server.command[0],
                 "args": list(server.command[1:]),
-                "env": dict(server.env),
+                # References, not values (see above); `mcp_stdio_environment` puts the values in the
+                # CLI's environment and the CLI expands them when it starts the server.
+                "env": {key: "${" + var + "}" for key, var in _stdio_vars(server).items()},
             }
     return native, problems
+
+
+def mcp_stdio_environment(servers: Iterable[McpServer]) -> dict[str, str]:
+    """The variables the `${VAR}` references of stdio servers' `env` name, with their values."""
+    out: dict[str, str] = {}
+    for server in servers:
+        if server.transport == "stdio":
+            for key, var in _stdio_vars(server).items():
+                out[var] = server.env[key]
+    return out
+
+
+def _stdio_vars(server: McpServer) -> dict[str, str]:
+    """key -> a variable name unique to this server and key (hex of both: any byte is safe)."""
+    return {key: f"AGENT_MCP_ENV_{server.name.encode().hex()}_{key.encode().hex()}" for key in server.env}
 
 
 def system_prompt(execution: ExecutionConfig, driver_text: str = "") -> str | dict[str, str]:

@@ -45,6 +45,7 @@ from driver.adapters.codex_config import (
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
+from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.adapters.registry import CAPABILITIES
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
@@ -184,6 +185,7 @@ class CodexAdapter(Adapter):
             jsonrpc_version=None,
             on_request=self._on_request,
             on_notification=self._on_notification,
+            on_violation=ProtocolDiagnostics(self.ports.emit, "codex app-server"),
         )
         self._peer = peer
         self._peer_task = asyncio.get_running_loop().create_task(peer.run(), name="codex-rpc")

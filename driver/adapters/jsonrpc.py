@@ -28,10 +28,13 @@ log = structlog.get_logger(__name__)
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+INVALID_REQUEST = -32600
 REQUEST_CANCELLED = -32800
 CANCEL_METHOD = "$/cancel_request"
 
 RequestHandler = Callable[[str, Any], Awaitable[Any]]
+# Told of each protocol violation by the peer, with a description that never quotes the peer's bytes.
+ViolationHandler = Callable[[str], Awaitable[None]]
 NotificationHandler = Callable[[str, Any], Awaitable[None]]
 RequestId = int | str
 
@@ -73,6 +76,7 @@ class JsonRpcPeer:
         max_line_bytes: int = 64 * 1024 * 1024,
         on_request: RequestHandler | None = None,
         on_notification: NotificationHandler | None = None,
+        on_violation: ViolationHandler | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -81,6 +85,7 @@ class JsonRpcPeer:
         self._max_line = max_line_bytes
         self._on_request = on_request
         self._on_notification = on_notification
+        self._on_violation = on_violation
         self._write_lock = anyio.Lock()
         self._next_id = 0
         self._pending: dict[RequestId, _Pending] = {}
@@ -89,6 +94,7 @@ class JsonRpcPeer:
         # Why the peer closed: None while open; "eof" on a clean end; a message after a violation.
         self.close_reason: str | None = None
         self.invalid_lines = 0
+        self.unknown_responses = 0
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -190,31 +196,47 @@ class JsonRpcPeer:
     async def _dispatch_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
         try:
             message = _decoder.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested ~1000 levels deep
             message = None
         if not isinstance(message, dict):
             self.invalid_lines += 1
             log.warning("jsonrpc.invalid_line", peer=self.name, count=self.invalid_lines, head=line[:200])
+            await self._violation(f"a line that is not a JSON object ({len(line)} bytes)")
             return
         method = message.get("method")
         if isinstance(method, str):
             if "id" in message and message["id"] is not None:
-                self._start_handler(message["id"], method, message.get("params"), tg)
+                if not self._start_handler(message["id"], method, message.get("params"), tg):
+                    await self._violation("a request whose id is neither a string nor an integer")
             elif method == CANCEL_METHOD:
                 self._cancel_incoming(message.get("params"))
             else:
                 await self._handle_notification(method, message.get("params"))
         elif "id" in message and ("result" in message or "error" in message):
-            self._resolve(message)
+            if not self._resolve(message):
+                await self._violation("a response to a request id that was never sent or already answered")
         else:
             self.invalid_lines += 1
             log.warning("jsonrpc.unroutable", peer=self.name, head=line[:200])
+            await self._violation("a message that is neither a request, a notification nor a response")
 
-    def _resolve(self, message: dict[str, Any]) -> None:
-        pending = self._pending.get(message["id"])
-        if pending is None or pending.done.is_set():
-            log.warning("jsonrpc.unknown_response", peer=self.name, id=message["id"])
+    async def _violation(self, what: str) -> None:
+        if self._on_violation is None:
             return
+        try:
+            await self._on_violation(what)
+        except Exception:
+            log.exception("jsonrpc.violation_handler_failed", peer=self.name)
+
+    def _resolve(self, message: dict[str, Any]) -> bool:
+        # Our ids are ints: an id of any other JSON type (object, array, float, bool, null) answers
+        # nothing of ours, and an object or array is not even hashable.
+        rid = message["id"]
+        pending = self._pending.get(rid) if _usable_id(rid) else None
+        if pending is None or pending.done.is_set():
+            self.unknown_responses += 1
+            log.warning("jsonrpc.unknown_response", peer=self.name, id_type=type(rid).__name__)
+            return False
         error = message.get("error")
         if error is not None:
             if isinstance(error, dict):
@@ -229,6 +251,7 @@ class JsonRpcPeer:
         else:
             pending.result = message.get("result")
         pending.done.set()
+        return True
 
     async def _handle_notification(self, method: str, params: Any) -> None:
         if self._on_notification is None:
@@ -251,14 +274,18 @@ class JsonRpcPeer:
             if scope is not None:
                 scope.cancel()
 
-    def _start_handler(self, request_id: Any, method: str, params: Any, tg: anyio.abc.TaskGroup) -> None:
-        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+    def _start_handler(self, request_id: Any, method: str, params: Any, tg: anyio.abc.TaskGroup) -> bool:
+        if not _usable_id(request_id):
+            # JSON-RPC 2.0 §5: a request whose id cannot be echoed is answered Invalid Request, id null.
             self.invalid_lines += 1
-            log.warning("jsonrpc.bad_request_id", peer=self.name, method=method)
-            return
+            log.warning("jsonrpc.bad_request_id", peer=self.name, id_type=type(request_id).__name__)
+            error = {"code": INVALID_REQUEST, "message": "invalid request id (a string or an integer is required)"}
+            tg.start_soon(self._reply_quietly, self._envelope() | {"id": None, "error": error})
+            return False
         scope = anyio.CancelScope()
         self._incoming[request_id] = scope
         tg.start_soon(self._handle_request, request_id, method, params, scope)
+        return True
 
     async def _handle_request(self, request_id: RequestId, method: str, params: Any, scope: anyio.CancelScope) -> None:
         reply: dict[str, Any]
@@ -281,7 +308,18 @@ class JsonRpcPeer:
         except PeerClosed:
             log.debug("jsonrpc.reply_dropped", peer=self.name, method=method)
 
+    async def _reply_quietly(self, message: dict[str, Any]) -> None:
+        try:
+            await self._send(message)
+        except PeerClosed:
+            log.debug("jsonrpc.reply_dropped", peer=self.name)
+
     async def _call_handler(self, method: str, params: Any) -> Any:
         if self._on_request is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"method not found: {method}")
         return await self._on_request(method, params)
+
+
+def _usable_id(value: Any) -> bool:
+    """A request id we can key on and echo: a string, or an integer (not a bool)."""
+    return isinstance(value, int | str) and not isinstance(value, bool)

@@ -50,12 +50,16 @@ class CommandQueue:
             raise RuntimeError(f"instance {cmd['instance_id']} is not connected")
         await link.ws.send(json.dumps(cmd["body"]))
 
-    async def send_raw(self: ControlPlane, instance_id: str, frame: dict[str, Any]) -> None:
-        """Send any frame as is, unstored (for tests of invalid or conflicting commands)."""
+    async def send_raw(
+        self: ControlPlane, instance_id: str, frame: dict[str, Any] | str | bytes, *, text: bool = True
+    ) -> None:
+        """Send any frame as is, unstored (for tests of invalid or conflicting commands). Bytes go out
+        unvalidated, as a text frame (invalid UTF-8 included) or, with `text=False`, a binary one."""
         link = self._links.get(instance_id)
         if link is None or not link.ready:
             raise RuntimeError(f"instance {instance_id} is not connected")
-        await link.ws.send(json.dumps(frame))
+        data = json.dumps(frame) if isinstance(frame, dict) else frame
+        await link.ws.send(data, text=text)
 
     async def terminate(self: ControlPlane, instance_id: str, reason: str = "terminated") -> None:
         """Mark the instance terminated (durably: later links are refused with 4410) and close its link."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from driver import logs
@@ -20,6 +21,7 @@ from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
 from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
+from driver.queue.command_saver import CommandSaver
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -34,6 +36,8 @@ class CommandDesk:
         self.k = kernel
         self.in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
         self.kinds: dict[str, str] = {}  # command_id → kind, for command.finished
+        self.saver = CommandSaver(kernel.journal)  # statuses of concurrent commands share one commit
+        self._started: anyio.Event | None = None  # set once the latest accepted command began executing
 
     async def send_update(self, update: CommandUpdate) -> None:
         link = self.k.link
@@ -57,7 +61,7 @@ class CommandDesk:
             update.result = {}
         frame = encode(update)
         # Persist first: a terminal status must survive a restart before anyone can see it.
-        await anyio.to_thread.run_sync(self.k.journal.save_command, command_id, seq, fingerprint, status, frame)
+        await self.saver.save(command_id, seq, fingerprint, status, frame)
         self.in_progress.pop(command_id, None)
         command_kind = kind or self.kinds.pop(command_id, None) or self.k.journal.command_kind(command_id) or ""
         self.kinds.pop(command_id, None)
@@ -106,18 +110,39 @@ class CommandDesk:
         # New command: accept at once (within 1 s), remember it, then execute.
         self.in_progress[head.command_id] = fingerprint
         self.kinds[head.command_id] = head.kind
-        await anyio.to_thread.run_sync(
-            k.journal.save_command, head.command_id, head.seq, fingerprint, "accepted", None, head.kind
-        )
-        await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+        # In a task, so the link's reader goes on to the next frame: the `accepted` writes of a burst
+        # share one commit, and a flood of commands cannot queue a run's input.start behind its fsyncs.
+        # Commands still begin executing in arrival order (a turn.cancel right behind its input.start
+        # must find the run): each waits for its predecessor to have started.
+        previous, self._started = self._started, anyio.Event()
+        k.spawn(self.accept, head, raw, fingerprint, previous, self._started)
+
+    async def accept(
+        self, head: CommandFrame, raw: bytes, fingerprint: str, previous: anyio.Event | None, started: anyio.Event
+    ) -> None:
         try:
-            command = cmds.decode_command(raw)
-        except cmds.CommandInvalid as exc:
-            await self.finish(
-                head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
-            )
-            return
-        k.spawn(self.execute, command, fingerprint)
+            await self.saver.save(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
+            await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+            try:
+                command = cmds.decode_command(raw)
+            except cmds.CommandInvalid as exc:
+                await self.finish(
+                    head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
+                )
+                return
+            await self._after(previous)
+            self.k.spawn(self.execute, command, fingerprint)
+            # Let it run to its first wait (registering a run, say) before the next command starts.
+            await anyio.lowlevel.checkpoint()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._after(previous)  # the chain holds even for a command that did not execute
+            started.set()
+
+    @staticmethod
+    async def _after(previous: anyio.Event | None) -> None:
+        if previous is not None:
+            await previous.wait()
 
     async def execute(self, command: cmds.Command, fp: str) -> None:
         k = self.k

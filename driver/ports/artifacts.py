@@ -33,8 +33,10 @@ def attachment_path(cwd: Path, name: str) -> Path:
 
 async def download_attachments(cwd: Path, attachments: list[Attachment]) -> list[tuple[Attachment, Path]]:
     done: list[tuple[Attachment, Path]] = []
+    # The root is resolved once; below it the download refuses any symlink (fetch_to walks with O_NOFOLLOW).
+    root = cwd.resolve()
     for att in attachments:
-        dest = attachment_path(cwd, att.name)
+        dest = attachment_path(root, att.name)
         try:
             size = await fetch(att.url, dest, sha256=att.sha256, max_bytes=min(att.size, MAX_ATTACHMENT_BYTES))
         except Exception as exc:
@@ -42,7 +44,7 @@ async def download_attachments(cwd: Path, attachments: list[Attachment]) -> list
         if size != att.size:
             dest.unlink(missing_ok=True)
             raise AttachmentError(f"attachment {att.name!r}: got {size} bytes, expected {att.size}")
-        done.append((att, dest))
+        done.append((att, attachment_path(cwd, att.name)))  # as the caller names cwd
     return done
 
 

@@ -64,48 +64,62 @@ class PermissionBroker:
 
     async def request(self, request: PermissionRequest) -> PermissionDecision:
         request_id = f"{self._prefix}-{next(self._ids)}"
+        # The deadline is fixed together with `expires_at`, before `emit` (which may wait on the
+        # outbox's backpressure): the timeout fires at `expires_at`, however long the emit took.
+        deadline = anyio.current_time() + self.timeout_s
         expires = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
-        await self._emit(
-            "permission.requested",
-            {
-                "request_id": request_id,
-                "tool_call_id": request.tool_call_id,
-                "title": request.title,
-                "options": [{"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options],
-                "expires_at": expires.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            },
-        )
         pending = _Pending(request)
-        if self.policy == "full_access":
+        supervised = self.policy != "full_access"
+        if supervised:
+            # Pending from the start: the event may reach the CP, and its answer come back, while
+            # `emit` still waits.
+            self._pending[request_id] = pending
+            self._on_change(len(self._pending))
+        try:
+            await self._emit(
+                "permission.requested",
+                {
+                    "request_id": request_id,
+                    "tool_call_id": request.tool_call_id,
+                    "title": request.title,
+                    "options": [{"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options],
+                    "expires_at": expires.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                },
+            )
+            if supervised:
+                try:
+                    with anyio.move_on_at(deadline):
+                        await pending.done.wait()
+                except anyio.get_cancelled_exc_class():
+                    # The provider withdrew its request (Codex `serverRequest/resolved`, ACP
+                    # `$/cancel_request`): the control plane must not be left waiting on it.
+                    with anyio.CancelScope(shield=True):
+                        await self._emit(
+                            "permission.resolved",
+                            {
+                                "request_id": request_id,
+                                "outcome": "cancelled",
+                                "option_id": None,
+                                "decided_by": "cancel",
+                            },
+                        )
+                    raise
+        finally:
+            if supervised:
+                self._pending.pop(request_id, None)
+                self._on_change(len(self._pending))
+        if not supervised:
             allow = _first(request.options, "allow")
             pending.decision = PermissionDecision(
                 "allowed", allow.option_id if allow else None, allow.kind if allow else None
             )
             pending.decided_by = "policy"
-        else:
-            self._pending[request_id] = pending
-            self._on_change(len(self._pending))
-            try:
-                with anyio.move_on_after(self.timeout_s):
-                    await pending.done.wait()
-            except anyio.get_cancelled_exc_class():
-                # The provider withdrew its request (Codex `serverRequest/resolved`, ACP
-                # `$/cancel_request`): the control plane must not be left waiting on it.
-                with anyio.CancelScope(shield=True):
-                    await self._emit(
-                        "permission.resolved",
-                        {"request_id": request_id, "outcome": "cancelled", "option_id": None, "decided_by": "cancel"},
-                    )
-                raise
-            finally:
-                self._pending.pop(request_id, None)
-                self._on_change(len(self._pending))
-            if pending.decision is None:
-                reject = _first(request.options, "reject")
-                pending.decision = PermissionDecision(
-                    "timed_out", reject.option_id if reject else None, reject.kind if reject else None
-                )
-                pending.decided_by = "timeout"
+        elif pending.decision is None:
+            reject = _first(request.options, "reject")
+            pending.decision = PermissionDecision(
+                "timed_out", reject.option_id if reject else None, reject.kind if reject else None
+            )
+            pending.decided_by = "timeout"
         decision = pending.decision
         if decision.outcome != "allowed":
             self.rejected_tool_calls.add(request.tool_call_id)

@@ -92,7 +92,8 @@ async def install(skill: Skill, cwd: Path) -> InstalledSkill:
     if _installed_hash(target) == skill.sha256:
         return InstalledSkill(skill.name, target, reused=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    archive = target.parent / f".{target.name}.zip"
+    # Resolved: the download walks its directory without following symlinks (fetch_to).
+    archive = target.parent.resolve() / f".{target.name}.zip"
     try:
         await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES)
         _marker(target).unlink(missing_ok=True)

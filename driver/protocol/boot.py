@@ -16,6 +16,12 @@ Runtime = Literal["claude-agent-sdk", "openai-app-server", "acp"]
 RUNTIMES: tuple[str, ...] = ("claude-agent-sdk", "openai-app-server", "acp")
 
 
+# Bounded so a number past 64 bits is refused at the boundary rather than overflowing a timer later.
+MAX_MS = 2**53
+ACP_REQUIRED = "execution.acp is required when execution.runtime is 'acp'"
+OWN_MESSAGES = frozenset({ACP_REQUIRED})
+
+
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
@@ -35,7 +41,7 @@ class SessionConfig(_Strict):
     state_dir: NonEmpty
     memory_dir: str | None = None
     additional_directories: list[str] = msgspec.field(default_factory=list)
-    idle_exit_ms: Annotated[int, msgspec.Meta(ge=0)] | None = 300_000
+    idle_exit_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_MS)] | None = 300_000
 
 
 class McpServer(_Strict):
@@ -85,7 +91,7 @@ class ExecutionConfig(_Strict):
     model: str = ""
     system_prompt: str = ""
     permission_policy: Literal["full_access", "supervised"] = "supervised"
-    permission_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] = 300_000
+    permission_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 300_000
     environment: dict[str, str] = msgspec.field(default_factory=dict)
     mcp_servers: list[McpServer] = msgspec.field(default_factory=list)
     host_tools: list[HostTool] = msgspec.field(default_factory=list)
@@ -94,7 +100,7 @@ class ExecutionConfig(_Strict):
     acp: AcpConfig | None = None
     native_resume: NativeResume | None = None
     recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
-    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] = 600_000
+    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 600_000
     limits: Limits = msgspec.field(default_factory=Limits)
 
 
@@ -114,7 +120,7 @@ class BootPayload(_Strict):
 
     def __post_init__(self) -> None:
         if self.execution.runtime == "acp" and self.execution.acp is None:
-            raise ValueError("execution.acp is required when execution.runtime is 'acp'")
+            raise ValueError(ACP_REQUIRED)
 
 
 BOOT_DECODER = msgspec.json.Decoder(BootPayload)

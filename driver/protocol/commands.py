@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from driver.protocol.frames import CommandFrame
+from driver.protocol.frames import NESTED_TOO_DEEPLY, CommandFrame
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -21,7 +21,7 @@ class Attachment(msgspec.Struct, frozen=True):
     name: NonEmpty
     url: NonEmpty
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
-    size: Annotated[int, msgspec.Meta(ge=0)]
+    size: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
 class RunInput(msgspec.Struct, frozen=True):
@@ -31,7 +31,7 @@ class RunInput(msgspec.Struct, frozen=True):
 
 class _Command(msgspec.Struct, kw_only=True, tag_field="kind"):
     command_id: NonEmpty
-    seq: Annotated[int, msgspec.Meta(ge=1)]
+    seq: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
 class InputStart(_Command, tag="input.start"):
@@ -86,6 +86,8 @@ def decode_command(raw: bytes | str) -> Command:
         raise CommandInvalid(msg) from None
     except msgspec.DecodeError as exc:
         raise CommandInvalid(str(exc)) from None
+    except RecursionError:
+        raise CommandInvalid(NESTED_TOO_DEEPLY) from None
 
 
 class Repeat(enum.Enum):
@@ -115,8 +117,11 @@ def fingerprint(raw: bytes | str) -> str:
     """
     import hashlib
 
-    obj = msgspec.json.decode(raw)
-    canon = msgspec.json.encode(obj, order="sorted")
+    try:
+        obj = msgspec.json.decode(raw)
+        canon = msgspec.json.encode(obj, order="sorted")
+    except RecursionError:
+        raise msgspec.DecodeError(NESTED_TOO_DEEPLY) from None
     return hashlib.sha256(canon).hexdigest()
 
 

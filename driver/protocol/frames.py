@@ -8,13 +8,16 @@ journal's stored bytes (see `encode_events_frame`) so an event is encoded exactl
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "agent-driver.v1"
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# Every integer read from the CP fits SQLite's INTEGER and a C long: a bigger one is refused when the
+# frame is decoded, not later by the journal or a timer.
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 DriverStateName = Literal["starting", "ready", "running", "waiting_permission", "stopping"]
 CommandStatus = Literal["accepted", "completed", "failed", "cancelled"]
@@ -48,9 +51,9 @@ class Hello(msgspec.Struct, tag="hello", tag_field="type", kw_only=True):
 
 class Welcome(msgspec.Struct, tag="welcome", tag_field="type", kw_only=True):
     connection_id: str
-    heartbeat_interval_ms: int = 5000
-    max_batch_events: int = 256
-    max_batch_bytes: int = 1_048_576
+    heartbeat_interval_ms: I64 = 5000
+    max_batch_events: I64 = 256
+    max_batch_bytes: I64 = 1_048_576
     accepted_capabilities: list[str] = msgspec.field(default_factory=list)
 
 
@@ -103,7 +106,7 @@ class Rejection(msgspec.Struct, frozen=True):
 
 
 class Receipt(msgspec.Struct, tag="receipt", tag_field="type", kw_only=True):
-    batch: int
+    batch: I64
     accepted: list[str] = msgspec.field(default_factory=list)
     rejected: list[Rejection] = msgspec.field(default_factory=list)
 
@@ -112,7 +115,7 @@ class CommandFrame(msgspec.Struct, tag="command", tag_field="type", kw_only=True
     """A command as it arrives; `body` validation per kind happens in `commands.py`."""
 
     command_id: str
-    seq: int
+    seq: I64
     kind: str
 
 
@@ -137,12 +140,18 @@ class FrameError(ValueError):
     """A frame that is not valid JSON, not an object, of an unknown type, or missing a field."""
 
 
+NESTED_TOO_DEEPLY = "JSON nested too deeply"
+
+
 def decode_inbound(data: bytes | str) -> InboundFrame:
     try:
         frame: InboundFrame = _inbound.decode(data)
         return frame
     except msgspec.DecodeError as exc:
         raise FrameError(str(exc)) from None
+    except RecursionError:
+        # msgspec recurses per nesting level; Python's recursion limit is the bound (~1000 levels).
+        raise FrameError(NESTED_TOO_DEEPLY) from None
 
 
 def decode_driver_frame(data: bytes | str) -> DriverFrame:

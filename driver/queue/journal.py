@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from driver.queue.command_index import CommandIndex, StoredCommand
 from driver.queue.schema import (
     COMMANDS_KEPT,
     MIGRATIONS,
@@ -40,16 +41,6 @@ class JournaledEvent(NamedTuple):
     run_id: str | None
     kind: str
     body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCommand:
-    command_id: str
-    seq: int
-    fingerprint: str
-    status: str
-    update_frame: bytes | None
-    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +68,13 @@ class Journal:
         self._db.executescript(SCHEMA)
         self._migrate()
         self._counter = self._meta("touch_counter", 0)
+        # Commands are read on the event loop: from this mirror, never from SQLite (see command_index).
+        self._commands = CommandIndex(self._meta("commands_pruned_through", 0))
+        for row in self._db.execute(
+            "SELECT command_id, seq, fingerprint, status, update_frame, kind, touched FROM commands ORDER BY touched"
+        ):
+            frame = bytes(row[4]) if row[4] is not None else None
+            self._commands.put(StoredCommand(row[0], int(row[1]), row[2], row[3], frame, row[5]), int(row[6]))
         # A second connection for reading event bodies back: in WAL mode it reads committed rows while
         # the writer's commit (and its fsync) is in progress, so a sender re-reading a backlog is never
         # stuck behind a group commit.
@@ -197,15 +195,8 @@ class Journal:
 
     # -- commands -----------------------------------------------------------------------------------
     def command(self, command_id: str) -> StoredCommand | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT command_id, seq, fingerprint, status, update_frame, kind FROM commands WHERE command_id = ?",
-                (command_id,),
-            ).fetchone()
-        if row is None:
-            return None
-        frame = bytes(row[4]) if row[4] is not None else None
-        return StoredCommand(row[0], int(row[1]), row[2], row[3], frame, row[5])
+        """From memory: safe on the event loop while a commit holds the connection."""
+        return self._commands.get(command_id)
 
     def command_kind(self, command_id: str) -> str | None:
         stored = self.command(command_id)
@@ -220,46 +211,56 @@ class Journal:
         update_frame: bytes | None,
         kind: str | None = None,
     ) -> None:
-        with self._lock, self._tx():
-            self._counter += 1
-            self._db.execute(
-                "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET status = excluded.status, "
-                "update_frame = excluded.update_frame, touched = excluded.touched, "
-                "kind = coalesce(excluded.kind, commands.kind)",
-                (command_id, seq, fingerprint, status, update_frame, self._counter, kind),
-            )
-            self._set_meta("touch_counter", self._counter)
-            if self._counter % 256 == 0:
-                # Only rows inside the contiguous terminal prefix are pruned, and the highest pruned seq
-                # is remembered: `last_command_seq` then knows a missing row below it was pruned, not
-                # never seen (claiming a never-seen command would stop the CP from ever resending it).
-                floor = self._last_command_seq_locked()
-                where = "touched <= ? AND seq <= ? AND status IN ('completed','failed','cancelled')"
-                args = (self._counter - COMMANDS_KEPT, floor)
-                top = self._db.execute(f"SELECT MAX(seq) FROM commands WHERE {where}", args).fetchone()[0]
-                if top is not None:
-                    self._db.execute(f"DELETE FROM commands WHERE {where}", args)
-                    self._set_meta("commands_pruned_through", max(int(top), self._meta("commands_pruned_through", 0)))
+        self.save_commands([StoredCommand(command_id, seq, fingerprint, status, update_frame, kind)])
+
+    def save_commands(self, commands: list[StoredCommand]) -> None:
+        """Save statuses in ONE transaction (one fsync: the group commit of `CommandSaver`)."""
+        if not commands:
+            return
+        with self._lock:
+            first = self._counter + 1
+            with self._tx():
+                for c in commands:
+                    self._counter += 1
+                    self._db.execute(
+                        "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
+                        "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET "
+                        "status = excluded.status, update_frame = excluded.update_frame, "
+                        "touched = excluded.touched, kind = coalesce(excluded.kind, commands.kind)",
+                        (c.command_id, c.seq, c.fingerprint, c.status, c.update_frame, self._counter, c.kind),
+                    )
+                self._set_meta("touch_counter", self._counter)
+                # Every 256 saves (once per batch that crosses a multiple of 256).
+                prune = self._counter // 256 > (first - 1) // 256
+                if prune:
+                    # Only rows inside the contiguous terminal prefix are pruned, and the highest pruned
+                    # seq is remembered: `last_command_seq` then knows a missing row below it was pruned,
+                    # not never seen (claiming a never-seen command would stop the CP from resending it).
+                    floor = self._commands.last_terminal_seq()
+                    where = "touched <= ? AND seq <= ? AND status IN ('completed','failed','cancelled')"
+                    args = (self._counter - COMMANDS_KEPT, floor)
+                    top = self._db.execute(f"SELECT MAX(seq) FROM commands WHERE {where}", args).fetchone()[0]
+                    if top is not None:
+                        self._db.execute(f"DELETE FROM commands WHERE {where}", args)
+                        pruned = max(int(top), self._meta("commands_pruned_through", 0))
+                        self._set_meta("commands_pruned_through", pruned)
+            # Committed: now the mirror (under the same lock, so it follows the database's order).
+            for touched, c in enumerate(commands, start=first):
+                self._commands.put(c, touched)
+            if prune:
+                # The commands just saved may be pruned too, so the mirror prunes after the puts.
+                top_gone = self._commands.prune(*args)
+                if top_gone is not None:
+                    self._commands.pruned_through = max(top_gone, self._commands.pruned_through)
 
     def last_command_seq(self) -> int:
         """The highest seq such that every command up to it has a terminal status (0 for none).
 
         Commands are numbered from 1 by the CP; a gap (a seq never seen) stops the scan, because the
         CP must resend that command. Rows at or below `commands_pruned_through` were pruned from the
-        terminal prefix, so the scan continues above that mark.
+        terminal prefix, so the scan continues above that mark. From memory, like `command()`.
         """
-        with self._lock:
-            return self._last_command_seq_locked()
-
-    def _last_command_seq_locked(self) -> int:
-        last = self._meta("commands_pruned_through", 0)
-        rows = self._db.execute("SELECT seq, status FROM commands WHERE seq > ? ORDER BY seq", (last,)).fetchall()
-        for seq, status in rows:
-            if int(seq) != last + 1 or status not in ("completed", "failed", "cancelled"):
-                break
-            last = int(seq)
-        return last
+        return self._commands.last_terminal_seq()
 
     # -- runs ---------------------------------------------------------------------------------------
     def run_started(self, run_id: str, command_id: str, started_at: str) -> None:

@@ -68,6 +68,13 @@ def main() -> None:
             for i in range(params["count"]):
                 send({"method": "tick", "params": {"i": i}})
             send({"id": rid, "result": "ticked"})
+        elif method == "hostile":
+            # Write the given raw lines, then collect the `expect` answers they call for.
+            for line in params["lines"]:
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            answers = [read() for _ in range(params["expect"])]
+            send({"id": rid, "result": {"answers": answers}})
         elif method == "garbage":
             sys.stdout.write("this is not json\n[1, 2]\n")
             sys.stdout.flush()

@@ -964,7 +964,7 @@ async def test_real_session_state_events(agent: AgentFactory, tmp_path: Path) ->
     assert any(o["category"] == "model" and o["current_value"] in o["choices"] for o in config["options"])
     if agent.name == "claude-agent-acp":
         # Its slash commands arrive after session/new, before any turn.
-        commands = await h.events.wait_for("session.commands.updated", timeout=30)
+        commands = await h.events.wait_for("session.commands.updated", timeout=90)
         assert commands["commands"] and all(c["name"] for c in commands["commands"])
     assert "diagnostic.reported" not in h.events.kinds()
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,7 +20,16 @@ import pytest
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.claude import ClaudeAdapter
 from driver.adapters.environment import provider_env
-from driver.protocol.boot import ExecutionConfig, HostTool, NativeResume, RecoveryMessage, SessionConfig, Skill
+from driver.ports.mcp_host import McpHostServer
+from driver.protocol.boot import (
+    ExecutionConfig,
+    HostTool,
+    McpServer,
+    NativeResume,
+    RecoveryMessage,
+    SessionConfig,
+    Skill,
+)
 from driver.protocol.commands import RunInput
 from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
 from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
@@ -56,11 +66,14 @@ class Harness:
         native_resume: NativeResume | None = None,
         recovery: list[RecoveryMessage] | None = None,
         host_tools: list[HostTool] | None = None,
+        mcp_servers: list[McpServer] | None = None,
+        extra_environment: dict[str, str] | None = None,
         system_prompt: str = "",
         skills: list[Skill] | None = None,
         memory_dir: str | None = None,
     ) -> tuple[ClaudeAdapter, RecordingEvents, ScriptedPermissions]:
         environment = {"ANTHROPIC_BASE_URL": self.fake.base_url, "ANTHROPIC_API_KEY": API_KEY}
+        environment.update(extra_environment or {})
         execution = ExecutionConfig(
             revision="rev-1",
             runtime="claude-agent-sdk",
@@ -70,6 +83,7 @@ class Harness:
             native_resume=native_resume,
             recovery_messages=recovery or [],
             host_tools=host_tools or [],
+            mcp_servers=mcp_servers or [],
             system_prompt=system_prompt,
             skills=skills or [],
         )
@@ -361,6 +375,63 @@ async def test_reset_starts_a_fresh_session(harness: Harness) -> None:
     [request] = _prompts(harness.fake, "fresh start?")
     assert "mango" not in str(request["messages"])  # the old conversation is gone
     assert events.of("runtime.resume.updated")[-1]["value"] == current
+
+
+def _argv_of_every_process() -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    out[int(entry)] = f.read()
+            except OSError:
+                continue  # gone meanwhile
+    return out
+
+
+async def test_mcp_header_values_never_reach_argv(harness: Harness) -> None:
+    """A configured HTTP MCP server's header value (a secret from `execution.environment`) reaches
+    the server, but no process's argv (`--mcp-config` JSON is world-readable in /proc/<pid>/cmdline):
+    the CLI gets `${VAR}` and expands it from its environment, where the value already is."""
+    docs_tools = EchoHostTools()
+    docs = McpHostServer([HostTool(name="search_docs", description="Search the docs")], docs_tools)
+    await docs.start()
+    try:
+        adapter, _events, _perms = harness.adapter(
+            "full_access",
+            extra_environment={"DOCS_AUTH": f"Bearer {docs.token}"},
+            mcp_servers=[
+                McpServer(name="docs", transport="http", url=docs.url, headers_from_env={"Authorization": "DOCS_AUTH"})
+            ],
+        )
+        await adapter.start()
+        outcome = await _run(adapter, "run-1", '[[tool:mcp__docs__search_docs:{"q": "retry"}]]', timeout=60)
+        leaks = {pid: argv[:200] for pid, argv in _argv_of_every_process().items() if docs.token.encode() in argv}
+        assert leaks == {}
+        assert outcome.status == "completed"
+        assert docs_tools.calls == [("search_docs", {"q": "retry"})]  # the header did authenticate
+    finally:
+        await docs.close()
+
+
+async def test_stdio_mcp_server_env_values_never_reach_argv(harness: Harness) -> None:
+    """A stdio MCP server's `env` values are secrets too: the CLI gets `${VAR}` references in
+    `--mcp-config` and their values in its environment, and the server still receives them."""
+    secret = "stdio-env-SECRET-31337"
+    server = McpServer(
+        name="envsrv",
+        transport="stdio",
+        command=[sys.executable, str(PROJECT_ROOT / "tests" / "helpers" / "env_mcp_server.py"), "SERVICE_KEY"],
+        env={"SERVICE_KEY": secret},
+    )
+    adapter, events, _perms = harness.adapter("full_access", mcp_servers=[server])
+    await adapter.start()
+    outcome = await _run(adapter, "run-1", "[[tool:mcp__envsrv__show_env:{}]]", timeout=60)
+    leaks = {pid: argv[:200] for pid, argv in _argv_of_every_process().items() if secret.encode() in argv}
+    assert leaks == {}
+    assert outcome.status == "completed"
+    [done] = events.of("tool.completed")
+    assert f"SERVICE_KEY={secret}" in str(done["output"])
 
 
 async def test_instructions_and_skills_reach_the_model(harness: Harness) -> None:

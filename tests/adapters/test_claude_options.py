@@ -8,6 +8,7 @@ from pathlib import Path
 
 from driver.adapters.claude_options import (
     mcp_servers,
+    mcp_stdio_environment,
     provider_environment,
     recovery_preamble,
     redactor,
@@ -38,9 +39,17 @@ def test_mcp_servers_take_header_values_from_the_environment() -> None:
     assert native["docs"] == {
         "type": "http",
         "url": "https://mcp.example/x",
-        "headers": {"Authorization": "Bearer s3cret"},
+        "headers": {"Authorization": "${TOK}"},  # a reference the CLI expands: never the value in argv
     }
-    assert native["local"] == {"type": "stdio", "command": "node", "args": ["srv.js", "--flag"], "env": {"A": "1"}}
+    (var,) = mcp_stdio_environment(servers)
+    assert mcp_stdio_environment(servers) == {var: "1"}
+    assert native["local"] == {
+        "type": "stdio",
+        "command": "node",
+        "args": ["srv.js", "--flag"],
+        "env": {"A": "${" + var + "}"},
+    }
+    assert "s3cret" not in str(native)
     assert native["broken"] == {"type": "http", "url": "https://b"}
     assert len(problems) == 1 and "MISSING" in problems[0] and "s3cret" not in problems[0]
 

@@ -174,3 +174,31 @@ async def test_concurrent_requests_are_matched_by_id() -> None:
                 for i in range(20):
                     tg.start_soon(one, i)
         assert results == {i: i for i in range(20)}
+
+
+async def test_ids_of_every_json_type_and_deep_nesting_do_not_stop_the_reader() -> None:
+    """A provider may send any JSON as an id, or nest a line 1000 deep (issue 11): requests with an
+    unusable id are answered `Invalid Request` with id null, responses to ids we never used are counted
+    and dropped, and the reader keeps reading."""
+    huge = 2**70
+    bad_ids = ['{"a": 1}', "[1]", "1.5", "true"]
+    lines = [
+        *(f'{{"id": {i}, "result": 1}}' for i in [*bad_ids, "null", str(huge), '"nobody"', "7"]),
+        *(f'{{"id": {i}, "method": "m"}}' for i in bad_ids),
+        f'{{"id": {huge}, "method": "m"}}',
+        '{"method": "$/cancel_request", "params": {"requestId": {"a": [1]}}}',
+        "[" * 1000 + "]" * 1000,
+        '{"method": "n", "params": ' + "[" * 1000 + "]" * 1000 + "}",
+    ]
+    async with _open("2.0") as h:
+        with anyio.fail_after(20):
+            result = await h.peer.request("hostile", {"lines": lines, "expect": 5})
+            answers = result["answers"]
+            invalid = [a for a in answers if a["error"]["code"] == -32600]
+            assert len(invalid) == 4 and all(a["id"] is None for a in invalid)
+            (method_not_found,) = [a for a in answers if a["error"]["code"] == -32601]
+            assert method_not_found["id"] == huge
+            assert (await h.peer.request("echo", 1))["params"] == 1
+        assert not h.peer.closed.is_set()
+        assert h.peer.invalid_lines >= 4 + 2  # the bad ids, the two deep lines
+        assert h.peer.unknown_responses == 8

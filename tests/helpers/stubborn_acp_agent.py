@@ -29,6 +29,10 @@ for an agent that has no model:
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
 - `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
 - `[[error]]`: answer the prompt with a JSON-RPC error (after the reply);
+- `[[garbage]]`: before its reply, write malformed JSON, invalid UTF-8, a line nested 2000 deep,
+  responses to ids never sent (of every JSON type) and, one at a time, requests of an unknown method;
+  reply "unknown: CODE" with the error code the client answered;
+- `[[huge-line]]`: write one 100 MiB line (the client must give up on it, not buffer it);
 - `[[session]]`: reply with the JSON params of the `session/new` (or `session/load`) that opened it.
 - `[[compute:SECONDS]]`: announce a tool call, then compute (one core, busy) for SECONDS without a
   word on the wire, then complete the call and reply "computed" (a silent tool that works);
@@ -198,6 +202,39 @@ def shell(session_id: str, command: str) -> str:
     return f"exit {waited['result'].get('exitCode')}: {output['result']['output']}"
 
 
+def raw(data: bytes) -> None:
+    with _out_lock:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def garbage() -> str:
+    raw(b"{not json\n")
+    raw(b'{"jsonrpc": "2.0", "method": "session/update", "params": {"x": "\xff\xfe"}}\n')  # invalid UTF-8
+    raw(b"[" * 2000 + b"]" * 2000 + b"\n")
+    for rid in (999, '"nobody"', '{"a": 1}', "[1]", "1.5", "true", "null"):
+        raw(b'{"jsonrpc": "2.0", "id": %s, "result": {}}\n' % str(rid).encode())
+    for i in range(30):
+        raw(b"garbage line %d\n" % i)
+    codes = [str(error_code(call("x/unknown", {"i": i}))) for i in range(3)]
+    return "unknown: " + ",".join(codes)
+
+
+def error_code(response: dict[str, Any]) -> Any:
+    return (response.get("error") or {}).get("code")
+
+
+def huge_line() -> None:
+    block = b"x" * (1 << 20)
+    try:
+        for _ in range(100):
+            raw(block)
+        raw(b"\n")
+    except BrokenPipeError:
+        os._exit(5)  # the client hung up on the line, as it should
+
+
 def term(session_id: str, command: str) -> str:
     """Run `command` in a client terminal that a tool call embeds while it runs (its output is live)."""
     created = call("terminal/create", {"sessionId": session_id, "command": "sh", "args": ["-c", command]})
@@ -264,6 +301,10 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
     elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
         reply = shell(session_id, m.group(1))
+    elif "[[garbage]]" in text:
+        reply = garbage()
+    elif "[[huge-line]]" in text:
+        huge_line()
     elif m := re.search(r"\[\[term:(.*?)\]\]", text, re.S):
         reply = term(session_id, m.group(1))
     if "[[slow]]" in text:

@@ -191,6 +191,53 @@ async def test_request_ids_are_unique() -> None:
     assert ids == ["prm-1-1", "prm-1-2", "prm-1-3"]
 
 
+class SlowRecorder(Recorder):
+    """`emit` of `permission.requested` held up (the outbox applying backpressure) for `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.emitting = anyio.Event()
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "permission.requested":
+            self.emitting.set()
+            await anyio.sleep(self.delay_s)  # simulated backpressure, not a wait for a condition
+        await super().emit(kind, payload)
+
+
+async def test_timeout_fires_at_expires_at_even_when_emit_blocks() -> None:
+    rec = SlowRecorder(delay_s=1.0)
+    b = broker(rec, timeout_ms=1200)
+    started = anyio.current_time()
+    with anyio.fail_after(10):
+        decision = await b.request(REQUEST)
+    elapsed = anyio.current_time() - started
+    assert decision.outcome == "timed_out"
+    # Before the fix the 1.2 s timeout started after the 1 s emit: 2.2 s.
+    assert 1.15 <= elapsed < 1.8, elapsed
+    expires = datetime.fromisoformat(rec.payload("permission.requested")["expires_at"].replace("Z", "+00:00"))
+    assert abs((datetime.now(UTC) - expires).total_seconds()) < 0.6
+
+
+async def test_an_answer_arriving_while_emit_is_still_blocked_is_kept() -> None:
+    """The request is pending from the moment its id exists: a CP that received the event (sent
+    while `emit` still waits on the journal) and answers at once is not told `unknown_request`."""
+    rec = SlowRecorder(delay_s=0.5)
+    b = broker(rec)
+    result: list[PermissionDecision] = []
+
+    async def asker() -> None:
+        result.append(await b.request(REQUEST))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(asker)
+            await rec.emitting.wait()
+            b.resolve("prm-1-1", "opt-allow")
+    assert result[0].outcome == "allowed"
+
+
 async def test_a_request_the_provider_withdraws_resolves_cancelled() -> None:
     rec = Recorder()
     b = broker(rec)

@@ -290,3 +290,50 @@ def test_an_older_journal_is_migrated(tmp_path: Path) -> None:
     j.save_command("cmd-0", 1, "fp", "accepted", None, "input.start")
     assert j.command_kind("cmd-0") == "input.start"
     j.close()
+
+
+def test_command_reads_do_not_wait_for_a_commit_in_progress(journal: Journal) -> None:
+    """The kernel reads `command()` and `last_command_seq()` on the event loop (`on_command`,
+    `hello`): they must answer from memory while a writer holds the connection through its fsync."""
+    import threading
+
+    journal.save_command("c1", 1, "fp1", "completed", b'{"frame":1}', "input.start")
+    journal.save_command("c2", 2, "fp2", "accepted", None, "turn.cancel")
+    answers: list[object] = []
+    done = threading.Event()
+
+    def read() -> None:
+        answers.extend([journal.command("c1"), journal.command("nope"), journal.last_command_seq()])
+        done.set()
+
+    with journal._lock:  # a group commit in progress (its fsync can take seconds on a busy disk)
+        threading.Thread(target=read, daemon=True).start()
+        assert done.wait(5), "command reads waited for the writer's lock"
+    stored, missing, last = answers
+    assert stored is not None and stored.status == "completed" and stored.update_frame == b'{"frame":1}'
+    assert stored.kind == "input.start" and stored.fingerprint == "fp1" and stored.seq == 1
+    assert missing is None
+    assert last == 1
+
+
+def test_memory_mirror_matches_the_database_after_reopen_and_pruning(journal: Journal) -> None:
+    n = COMMANDS_KEPT + 600
+    for i in range(1, n + 1):
+        journal.save_command(f"c{i}", i, f"fp{i}", "accepted", None, "input.start")
+        journal.save_command(f"c{i}", i, f"fp{i}", "completed" if i != n - 5 else "accepted", b"{}", None)
+
+    def check(j: Journal) -> None:
+        assert j.last_command_seq() == n - 6
+        latest, open_one = j.command(f"c{n}"), j.command(f"c{n - 5}")
+        assert latest is not None and latest.kind == "input.start"
+        assert open_one is not None and open_one.status == "accepted"
+        rows = {r[0] for r in j._db.execute("SELECT command_id FROM commands")}
+        assert len(rows) < n  # pruning happened
+        assert {f"c{i}" for i in range(1, n + 1) if j.command(f"c{i}") is not None} == rows
+
+    check(journal)
+    j2 = reopen(journal)
+    try:
+        check(j2)
+    finally:
+        j2.close()
