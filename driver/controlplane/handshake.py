@@ -30,7 +30,8 @@ from driver.controlplane.link import (
     sendable_close_code,
     token_allows,
 )
-from driver.controlplane.store import Store, now_iso
+from driver.controlplane.store import Store
+from driver.controlplane.store_rows import now_iso
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
     SUBPROTOCOL,

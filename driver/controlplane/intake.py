@@ -14,7 +14,8 @@ from websockets.exceptions import ConnectionClosed
 
 from driver.controlplane.faults import FAULT_REJECT_CODE
 from driver.controlplane.link import CLOSE_PROTOCOL, Link
-from driver.controlplane.store import BatchResult, Store, StoredRejection, now_iso
+from driver.controlplane.store import Store
+from driver.controlplane.store_rows import BatchResult, StoredRejection, now_iso
 from driver.controlplane.validation import InvalidEvent, ValidEvent, check_event
 from driver.protocol.frames import (
     CommandUpdate,

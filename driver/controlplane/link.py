@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
 
-from driver.controlplane.store import BatchResult
+from driver.controlplane.store_rows import BatchResult
 from driver.protocol.frames import (
     Hello,
 )
