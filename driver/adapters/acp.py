@@ -11,6 +11,10 @@ task (the JSON-RPC peer does that), so a permission waiting for a human never st
 Permission policy. ACP has no standard "never ask" switch; agents expose session modes instead. We
 pick a mode by well-known id (see acp_session.wanted_mode; `provider_options.mode` overrides). If a
 `full_access` agent asks anyway, we allow by option kind without bothering the control plane.
+
+Layers: `acp_client.AcpClient` (the agent process, its peer, calls and file reports) ←
+`acp_opening.AcpSessionOpener` (initialize, auth, session/new or session/load) ← `AcpAdapter` here
+(turns, cancellation, the agent's callbacks); `acp_prompt` builds a turn's prompt and outcome.
 """
 
 from __future__ import annotations
