@@ -62,7 +62,7 @@ bench: setup
 
 # The five claims, measured (offline: fake model endpoints); the report goes to docs/evidence.md.
 evidence: setup
-	$(BIN)/agent-driver evidence --json evidence.json --markdown docs/evidence.md
+	$(BIN)/agent-driver evidence --json docs/evidence.json --markdown docs/evidence.md
 
 clean:
 	rm -rf $(VENV) node_modules

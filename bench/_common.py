@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -37,8 +38,12 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+GOALS_PREFIX = "BENCH-GOAL "  # a machine-readable copy of each goal line, for `agent-driver evidence`
+
+
 def goal(name: str, met: bool, detail: str) -> bool:
     print(f"  goal {name}: {'met' if met else 'NOT met'} ({detail})")
+    print(GOALS_PREFIX + json.dumps({"goal": name, "met": met, "measured": detail}), flush=True)
     return met
 
 

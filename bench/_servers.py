@@ -2,6 +2,8 @@
 
     python -m bench._servers cp DB_PATH      the reference control plane (SQLite store, fsync on)
     python -m bench._servers bare            a bare `websockets` server that only answers receipts
+    python -m bench._servers floor DB_PATH   the durable floor's server (bench/durable_floor.py): one
+                                             SQLite WAL commit (fsync) per batch, then its receipt
 
 Each prints its port on one stdout line, then serves until its stdin closes.
 """
@@ -30,6 +32,11 @@ class _Batch(msgspec.Struct):
     events: list[_Ev]
 
 
+class _RawBatch(msgspec.Struct):
+    batch: int
+    events: list[msgspec.Raw]
+
+
 async def _until_stdin_closes() -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
@@ -40,6 +47,59 @@ async def serve_cp(db: str) -> None:
     async with ControlPlane(db, tokens={TOKEN: None}, http_port=None, heartbeat_interval_ms=5000) as cp:
         print(cp.port, flush=True)
         await _until_stdin_closes()
+
+
+async def serve_floor(db_path: str) -> None:
+    """Store each batch in one fsync'd SQLite WAL transaction, then answer its receipt (in order)."""
+    import sqlite3
+
+    from websockets.asyncio.server import ServerConnection, serve
+    from websockets.exceptions import ConnectionClosed
+
+    db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE IF NOT EXISTS events (event_id TEXT PRIMARY KEY, body BLOB NOT NULL)")
+    decoder = msgspec.json.Decoder(_RawBatch)
+    encoder = msgspec.json.Encoder()
+    id_decoder = msgspec.json.Decoder(_Ev)
+
+    def store(rows: list[tuple[str, bytes]]) -> None:
+        db.execute("BEGIN")
+        db.executemany("INSERT OR IGNORE INTO events (event_id, body) VALUES (?, ?)", rows)
+        db.execute("COMMIT")
+
+    async def handle(ws: ServerConnection) -> None:
+        queue: asyncio.Queue[_RawBatch] = asyncio.Queue()
+
+        async def writer() -> None:
+            while True:
+                frame = await queue.get()
+                rows = [(id_decoder.decode(bytes(e)).event_id, bytes(e)) for e in frame.events]
+                await asyncio.to_thread(store, rows)
+                receipt = {"type": "receipt", "batch": frame.batch, "accepted": [r[0] for r in rows]}
+                await ws.send(encoder.encode(receipt).decode())
+
+        task = asyncio.ensure_future(writer())
+        try:
+            with contextlib.suppress(ConnectionClosed):
+                async for message in ws:
+                    queue.put_nowait(decoder.decode(message if isinstance(message, bytes) else message.encode()))
+        finally:
+            task.cancel()
+
+    async with serve(
+        handle,
+        "127.0.0.1",
+        0,
+        subprotocols=["agent-driver.v1"],  # type: ignore[list-item]
+        max_size=4 * 1024 * 1024,
+        compression=None,
+        ping_interval=None,
+    ) as srv:
+        print(srv.sockets[0].getsockname()[1], flush=True)
+        await _until_stdin_closes()
+    db.close()
 
 
 async def serve_bare() -> None:
@@ -127,6 +187,8 @@ def main(argv: list[str]) -> None:
     logs.configure("error")  # logs go to stderr; stdout carries only the port line
     if argv[:1] == ["cp"]:
         asyncio.run(serve_cp(argv[1]))
+    elif argv[:1] == ["floor"]:
+        asyncio.run(serve_floor(argv[1]))
     elif argv[:1] == ["bare"]:
         asyncio.run(serve_bare())
     else:

@@ -1,4 +1,4 @@
-"""`agent-driver run | dev | controlplane | bench`: the command line."""
+"""`agent-driver run | dev | evidence | controlplane | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
     dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")
     dev.add_argument("--once", metavar="TEXT", default=None, help="send one input, print the reply, stop, exit")
+    sub.add_parser("evidence", help="measure the five claims (resume, startup, ...) and report", add_help=False)
     sub.add_parser("controlplane", help="the reference control plane", add_help=False)
     sub.add_parser("bench", help="run the benchmarks", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         # Imported by name: the control plane's modules are not loaded by `agent-driver run`.
         cp_cli = importlib.import_module("driver.controlplane.cli")
         return int(cp_cli.main(argv[1:]))
+    if argv and argv[0] == "evidence":
+        # Its own parser, loaded only here: `agent-driver run` must not pay for it at start.
+        from driver.evidence.cli import main as evidence_main
+
+        return evidence_main(argv[1:])
     if argv and argv[0] == "bench":
         import runpy
 

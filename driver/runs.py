@@ -14,9 +14,9 @@ from typing import Any, Literal
 import anyio
 
 from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+from driver.side_effects import TreeSnapshot
 
 CancelPhase = Literal["interrupt", "terminate", "kill"]
-SIDE_EFFECTS_NOTE = "tool side effects already done are not undone"
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Run:
     cancel_phase: CancelPhase = "interrupt"
     tools_started: dict[str, str] = field(default_factory=dict)  # tool_call_id → name
     tools_completed: set[str] = field(default_factory=set)
+    tool_status: dict[str, str] = field(default_factory=dict)  # tool_call_id → its last status
+    # For run.cancelled's side effects (PROTOCOL §5): cwd and the provider tree as the run started.
+    files_before: TreeSnapshot | None = None
+    processes_before: set[int] = field(default_factory=set)
     ended: anyio.Event = field(default_factory=anyio.Event)
     adapter: Adapter | None = None  # the adapter running this run (signals go to its groups)
     forced_error: ProviderError | None = None  # set when the kernel ends the run for its provider
@@ -55,20 +59,36 @@ def declined_tool_events(run: Run, rejected: set[str]) -> list[tuple[str, dict[s
     return out
 
 
+def tool_calls(run: Run) -> list[dict[str, str]]:
+    """Every tool call the run started, with its last status ("running" when none was reported)."""
+    return [
+        {"tool_call_id": tid, "name": name, "status": run.tool_status.get(tid, "running")}
+        for tid, name in sorted(run.tools_started.items())
+    ]
+
+
 def choose_terminal(
-    run: Run, outcome: TurnOutcome | None, error: ProviderError | None, dropped: int
+    run: Run,
+    outcome: TurnOutcome | None,
+    error: ProviderError | None,
+    dropped: int,
+    side_effects: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The run's terminal kind and payload. A cancel requested before this choice wins over whatever
-    the provider reported; then a provider error; then the provider's own outcome."""
+    the provider reported; then a provider error; then the provider's own outcome.
+
+    `side_effects` (PROTOCOL §5: files changed under cwd since the run started, provider processes
+    still alive) is measured by the caller when a cancel was requested; they are not undone."""
     if run.cancel_requested_by is not None:
         return "run.cancelled", {
             "reason": run.cancel_reason,
             "requested_by": run.cancel_requested_by,
             "dropped_best_effort": dropped,
+            "tool_calls": tool_calls(run),
+            "side_effects": side_effects or {"files_changed": [], "processes_left": []},
             "details": {
                 "phase": run.cancel_phase,
                 "tool_calls_started": sorted(run.tools_started),
-                "side_effects": SIDE_EFFECTS_NOTE,
                 "signalled_process_groups": run.signalled_groups,
             },
         }
@@ -97,6 +117,7 @@ def choose_terminal(
             "reason": outcome.stop_reason,
             "requested_by": "provider",
             "dropped_best_effort": dropped,
+            "tool_calls": tool_calls(run),
             "details": {"phase": "provider", "tool_calls_started": sorted(run.tools_started)},
         }
     return "run.failed", {

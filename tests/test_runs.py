@@ -52,10 +52,16 @@ async def test_terminal_table(
 
 
 async def test_cancel_details_name_the_phase_and_the_started_tools() -> None:
-    _, payload = choose_terminal(run("control_plane"), DONE, None, dropped=0)
+    r = run("control_plane")
+    r.tool_status["t1"] = "completed"
+    effects = {"files_changed": [{"path": "a.txt", "change": "created"}], "processes_left": []}
+    _, payload = choose_terminal(r, DONE, None, dropped=0, side_effects=effects)
     assert payload["details"]["phase"] == "terminate"
     assert payload["details"]["tool_calls_started"] == ["t1", "t2"]
-    assert "not undone" in payload["details"]["side_effects"]
+    # PROTOCOL §5: the tool calls with their last status, and the side effects as measured.
+    assert [(t["tool_call_id"], t["status"]) for t in payload["tool_calls"]] == [("t1", "completed"), ("t2", "running")]
+    assert payload["side_effects"] == effects
+    validate_payload("run.cancelled", payload)
 
 
 async def test_a_run_needs_some_ending() -> None:

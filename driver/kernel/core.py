@@ -173,6 +173,7 @@ class Kernel:
                     run.tools_started.setdefault(str(payload.get("tool_call_id")), str(payload.get("name", "")))
                 elif kind == "tool.completed":
                     run.tools_completed.add(str(payload.get("tool_call_id")))
+                    run.tool_status[str(payload.get("tool_call_id"))] = str(payload.get("status", ""))
         elif kind == "host_tool.called":
             run_id = payload.get("run_id")
         if kind in _OBSERVED:

@@ -7,14 +7,15 @@ completes only when that terminal has a receipt, with a status that mirrors it.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from driver import logs
+from driver import logs, side_effects
 from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
 from driver.ports import artifacts
 from driver.protocol import commands as cmds
@@ -77,11 +78,13 @@ class RunPath:
         error: ProviderError | None = None
         cwd = Path(k.boot.session.cwd)
         outputs_before = await anyio.to_thread.run_sync(artifacts.snapshot_outputs, cwd)
+        run.files_before = await anyio.to_thread.run_sync(side_effects.snapshot, cwd, self.scan_exclusions())
         with run.scope:
             try:
                 run_input = await self.prepare_input(command.input)
                 adapter = await k.supervisor.ready()
                 run.adapter = adapter
+                run.processes_before = {p["pid"] for p in side_effects.tree_processes([os.getpid()])}
                 run.last_activity = time.monotonic()
                 silence = anyio.CancelScope()
                 k.spawn(k.telemetry.watch_silence, run, adapter, silence)
@@ -138,11 +141,35 @@ class RunPath:
             await k.emit(kind, payload)
         k.permissions.rejected_tool_calls.clear()
         await k.host_tools.cancel_run(run.run_id)
-        kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id))
+        effects = await self.side_effects(run) if run.cancel_requested_by is not None else None
+        kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id), effects)
         run.terminal = kind
         event_id = await self.emit_for_run(run.run_id, kind, payload)
         k.outbox.best_effort.forget_run(run.run_id)
         return event_id
+
+    def scan_exclusions(self) -> list[Path]:
+        """What a cwd scan leaves out: the driver's own state and the attachments it downloads."""
+        session = self.k.boot.session
+        return [Path(session.state_dir), Path(session.cwd) / "inputs"]
+
+    async def side_effects(self, run: Run) -> dict[str, Any]:
+        """PROTOCOL §5: the files under cwd changed since the run started, and the processes the run
+        left alive: every descendant of the driver (the provider's tree, and commands the driver ran
+        for it, like ACP terminals) that was not alive when the run started (the provider itself and
+        its long-lived helpers are not the run's side effects)."""
+        cwd = Path(self.k.boot.session.cwd)
+        after = await anyio.to_thread.run_sync(side_effects.snapshot, cwd, self.scan_exclusions())
+        before = run.files_before or side_effects.TreeSnapshot()
+        me = os.getpid()
+        left = [
+            p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before
+        ]
+        return {
+            "files_changed": side_effects.files_changed(before, after),
+            "processes_left": left,
+            "truncated": before.truncated or after.truncated,
+        }
 
     async def cancel_run(self, run: Run, *, requested_by: str, reason: str) -> None:
         """PROTOCOL §5: cancel permissions, interrupt, then SIGTERM and SIGKILL the provider if needed."""

@@ -52,10 +52,34 @@ class RunFailed(_P):
     dropped_best_effort: int = 0
 
 
+class ToolCallSummary(msgspec.Struct, kw_only=True):
+    tool_call_id: str
+    name: str
+    status: str  # the last status reported: "running" when it had not completed
+
+
+class ProcessLeft(msgspec.Struct, kw_only=True):
+    pid: int
+    argv0: str
+
+
+class FileTouched(msgspec.Struct, kw_only=True):
+    path: str
+    change: Literal["created", "modified", "deleted"]
+
+
+class SideEffects(msgspec.Struct, kw_only=True):
+    files_changed: list[FileTouched] = msgspec.field(default_factory=list)
+    processes_left: list[ProcessLeft] = msgspec.field(default_factory=list)
+    truncated: bool = False  # the cwd scan hit its bound: files_changed may be incomplete
+
+
 class RunCancelled(_P):
     reason: str
     requested_by: str
     dropped_best_effort: int = 0
+    tool_calls: list[ToolCallSummary] = msgspec.field(default_factory=list)
+    side_effects: SideEffects = msgspec.field(default_factory=SideEffects)
     details: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

@@ -15,6 +15,7 @@ dependency-free so it starts fast.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -23,6 +24,13 @@ import uuid
 from typing import Any
 
 _out_lock = threading.Lock()
+# With FLOOD_PROGRESS_FILE set, the number of steps written to stdout so far is kept in that file, so a
+# reader can count what the agent emitted even after the driver (and this agent) were SIGKILLed.
+_PROGRESS = (
+    os.open(os.environ["FLOOD_PROGRESS_FILE"], os.O_WRONLY | os.O_CREAT, 0o600)
+    if os.environ.get("FLOOD_PROGRESS_FILE")
+    else None
+)
 _cancelled: dict[str, threading.Event] = {}
 
 
@@ -56,6 +64,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
                 stop = "cancelled"
                 break
             update(session_id, {"sessionUpdate": "plan", "entries": [{"content": f"step {i}", "status": "pending"}]})
+            if _PROGRESS is not None:
+                os.pwrite(_PROGRESS, f"{i + 1:>12}".encode(), 0)  # steps written so far (the evidence command)
             chunk = {"type": "text", "text": f"chunk {i};"}
             update(session_id, {"sessionUpdate": "agent_message_chunk", "content": chunk})
             if delay:

@@ -80,7 +80,9 @@ async def test_escalation_reaches_signals_in_bounded_time_then_restarts(
         details = terminal[0]["payload"]["details"]
         assert details["phase"] == phase
         assert details["signalled_process_groups"] == [pgid]
-        assert "not undone" in details["side_effects"]
+        # PROTOCOL §5: what the run left is said, not undone; a signalled provider tree left nothing.
+        effects = terminal[0]["payload"]["side_effects"]
+        assert effects["files_changed"] == [] and effects["processes_left"] == []
         assert (await cp.wait_for_command_status(input_cid, timeout=10))["status"] == "cancelled"
         await wait_group_gone(pgid)
 
