@@ -33,7 +33,7 @@ import msgspec
 import structlog
 
 from driver.controlplane.console.httpio import MAX_HEAD, HttpError, Request, read_request, respond_json
-from driver.controlplane.server import sendable_close_code
+from driver.controlplane.link import sendable_close_code
 from driver.controlplane.store import CommandExists
 from driver.telemetry.activity import describe as describe_activity
 

@@ -12,155 +12,28 @@ import json
 import sqlite3
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
+from driver.controlplane.store_rows import (
+    COMMAND_COLUMNS,
+    EVENT_COLUMNS,
+    PENDING,
+    SCHEMA,
+    BatchResult,
+    CommandExists,
+    EpochVerdict,
+    StoredRejection,
+    command_row,
+    event_row,
+    loads_or_none,
+    now_iso,
+)
 from driver.controlplane.validation import ValidEvent
 from driver.protocol.frames import TERMINAL_STATUSES
 
-PENDING = "pending"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS instances (
-    instance_id   TEXT PRIMARY KEY,
-    highest_epoch INTEGER NOT NULL,
-    terminated_at TEXT,
-    updated_at    TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id          INTEGER PRIMARY KEY,
-    instance_id TEXT NOT NULL,
-    event_id    TEXT NOT NULL,
-    seq         INTEGER NOT NULL,
-    epoch       INTEGER NOT NULL,
-    kind        TEXT NOT NULL,
-    delivery    TEXT NOT NULL,
-    session_id  TEXT NOT NULL,
-    run_id      TEXT,
-    occurred_at TEXT NOT NULL,
-    payload     TEXT NOT NULL,
-    digest      TEXT NOT NULL,
-    stored_at   TEXT NOT NULL,
-    UNIQUE (instance_id, event_id)
-);
-CREATE INDEX IF NOT EXISTS events_by_seq ON events (instance_id, seq);
-CREATE TABLE IF NOT EXISTS commands (
-    instance_id TEXT NOT NULL,
-    seq         INTEGER NOT NULL,
-    command_id  TEXT NOT NULL UNIQUE,
-    kind        TEXT NOT NULL,
-    body        TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    result      TEXT,
-    error       TEXT,
-    created_at  TEXT NOT NULL,
-    updated_at  TEXT NOT NULL,
-    PRIMARY KEY (instance_id, seq)
-);
-CREATE TABLE IF NOT EXISTS command_updates (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    instance_id TEXT NOT NULL,
-    command_id  TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    result      TEXT,
-    error       TEXT,
-    received_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS command_updates_by_id ON command_updates (command_id, id);
-"""
-
-_decode = msgspec.json.Decoder().decode
-
-_EVENT_COLUMNS = (
-    "instance_id, event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at, payload, stored_at"
-)
-_COMMAND_COLUMNS = "instance_id, seq, command_id, kind, body, status, result, error, created_at, updated_at"
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class StoredRejection(msgspec.Struct, frozen=True, kw_only=True):
-    event_id: str
-    code: str
-    message: str
-    retryable: bool
-
-
-class BatchResult(msgspec.Struct, kw_only=True):
-    accepted: list[str]
-    rejected: list[StoredRejection]
-    stored: list[ValidEvent]  # only the events new to the store, for live subscribers
-    stored_at: str = ""
-
-    def stored_items(self, instance_id: str) -> list[dict[str, Any]]:
-        """The new events as the live items subscribers get (built only when someone listens)."""
-        return [
-            {
-                "type": "event",
-                "instance_id": instance_id,
-                "event_id": ev.event_id,
-                "seq": ev.seq,
-                "epoch": ev.epoch,
-                "kind": ev.kind,
-                "delivery": ev.delivery,
-                "session_id": ev.session_id,
-                "run_id": ev.run_id,
-                "occurred_at": ev.occurred_at,
-                "payload": _decode(ev.payload_json),
-                "stored_at": self.stored_at,
-            }
-            for ev in self.stored
-        ]
-
-
-class EpochVerdict(msgspec.Struct, frozen=True):
-    allowed: bool
-    highest: int
-    terminated: bool = False
-
-
-class CommandExists(ValueError):
-    pass
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _event_row(row: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "instance_id": row["instance_id"],
-        "event_id": row["event_id"],
-        "seq": row["seq"],
-        "epoch": row["epoch"],
-        "kind": row["kind"],
-        "delivery": row["delivery"],
-        "session_id": row["session_id"],
-        "run_id": row["run_id"],
-        "occurred_at": row["occurred_at"],
-        "payload": json.loads(row["payload"]),
-        "stored_at": row["stored_at"],
-    }
-
-
-def _command_row(row: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "instance_id": row["instance_id"],
-        "seq": row["seq"],
-        "command_id": row["command_id"],
-        "kind": row["kind"],
-        "body": json.loads(row["body"]),
-        "status": row["status"],
-        "result": _loads(row["result"]),
-        "error": _loads(row["error"]),
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-    }
+# The records moved to store_rows; importers keep taking them from here.
+__all__ = ["BatchResult", "CommandExists", "EpochVerdict", "Store", "StoredRejection", "now_iso"]
 
 
 class Store:
@@ -173,7 +46,7 @@ class Store:
         self._db.execute("PRAGMA busy_timeout = 5000")
         if create:
             self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(SCHEMA)
         # FULL: the WAL is fsync'd at every commit, so "committed" means "survives power loss".
         self._db.execute("PRAGMA synchronous = FULL")
 
@@ -252,7 +125,7 @@ class Store:
                 seen.add(ev.event_id)
                 fresh.append(ev)
             self._db.executemany(
-                f"INSERT INTO events ({_EVENT_COLUMNS}, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO events ({EVENT_COLUMNS}, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         instance_id,
@@ -295,7 +168,7 @@ class Store:
             )
             body = {**fields, "type": "command", "command_id": command_id, "seq": seq, "kind": kind}
             self._db.execute(
-                f"INSERT INTO commands ({_COMMAND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+                f"INSERT INTO commands ({COMMAND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
                 (instance_id, seq, command_id, kind, json.dumps(body), PENDING, stamp, stamp),
             )
         command = self.command(command_id)
@@ -372,7 +245,7 @@ class Store:
         delivery: str | None = None,
     ) -> list[dict[str, Any]]:
         """Stored events of an instance in `seq` order (store order breaks ties)."""
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE instance_id = ?"
+        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE instance_id = ?"
         args: list[Any] = [instance_id]
         if kinds is not None:
             kind_list = list(kinds)
@@ -391,7 +264,7 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        return [_event_row(r) for r in self._db.execute(sql, args)]
+        return [event_row(r) for r in self._db.execute(sql, args)]
 
     def count_events(self, instance_id: str | None = None) -> int:
         if instance_id is None:
@@ -400,25 +273,23 @@ class Store:
 
     def commands(self, instance_id: str) -> list[dict[str, Any]]:
         rows = self._db.execute(
-            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE instance_id = ? ORDER BY seq", (instance_id,)
+            f"SELECT {COMMAND_COLUMNS} FROM commands WHERE instance_id = ? ORDER BY seq", (instance_id,)
         )
-        return [_command_row(r) for r in rows]
+        return [command_row(r) for r in rows]
 
     def command(self, command_id: str) -> dict[str, Any] | None:
-        row = self._db.execute(
-            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE command_id = ?", (command_id,)
-        ).fetchone()
-        return None if row is None else _command_row(row)
+        row = self._db.execute(f"SELECT {COMMAND_COLUMNS} FROM commands WHERE command_id = ?", (command_id,)).fetchone()
+        return None if row is None else command_row(row)
 
     def pending_commands(self, instance_id: str, after_seq: int) -> list[dict[str, Any]]:
         """Commands to (re)send after a welcome: `seq > after_seq` and no terminal status yet."""
         terminal = tuple(sorted(TERMINAL_STATUSES))
         rows = self._db.execute(
-            f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE instance_id = ? AND seq > ? "
+            f"SELECT {COMMAND_COLUMNS} FROM commands WHERE instance_id = ? AND seq > ? "
             "AND status NOT IN (?, ?, ?) ORDER BY seq",
             (instance_id, after_seq, *terminal),
         )
-        return [_command_row(r) for r in rows]
+        return [command_row(r) for r in rows]
 
     def command_updates(self, command_id: str) -> list[dict[str, Any]]:
         rows = self._db.execute(
@@ -431,8 +302,8 @@ class Store:
                 "instance_id": r["instance_id"],
                 "command_id": r["command_id"],
                 "status": r["status"],
-                "result": _loads(r["result"]),
-                "error": _loads(r["error"]),
+                "result": loads_or_none(r["result"]),
+                "error": loads_or_none(r["error"]),
                 "received_at": r["received_at"],
             }
             for r in rows

@@ -18,6 +18,7 @@ from driver.evidence.report import Case, Claim, judged, not_measured
 from driver.evidence.rig import Rig, Sandbox, descendants, proc_info, project_root
 
 NOT_ENFORCED = [
+    "root in the sandbox: a tool running as root reads any process's memory, the driver's included",
     "network egress: the driver does not restrict where the provider or its tools connect",
     "same-uid reads: the provider runs as the driver's uid; only what the kernel refuses (e.g. a non-dumpable "
     "driver's /proc/<pid>/mem and environ) protects the driver's memory from its tools",
@@ -74,12 +75,13 @@ async def credential(rig: Rig, runtime: str, box: Sandbox, driver_pid: int, boot
     uid_file = out_dir / "uid.txt"
     probe_uid = int(uid_file.read_text()) if uid_file.exists() else None
     ran = all(v != "did not run" for v in tried.values())
+    as_root_mem: dict[str, str] = {}
+    if probe_uid == 0:
+        # Root (CAP_SYS_PTRACE) reads any process's memory: no driver setting prevents it, so that read
+        # is listed as not enforced rather than judged; environ, cmdline and the boot file still are.
+        as_root_mem = {p: v for p, v in probe_findings.items() if p == "agent tool read of mem"}
+        probe_findings = {p: v for p, v in probe_findings.items() if p not in as_root_mem}
     probe_failures = checks.judge_token(probe_findings) + ([] if ran else ["the probe tool did not run"])
-    if probe_failures and probe_uid == 0:
-        probe_failures.append(
-            "the tool ran as root: CAP_SYS_PTRACE reads any process's memory, which no driver setting "
-            "(PR_SET_DUMPABLE included) prevents; run the sandbox as a non-root user"
-        )
     uids = {
         "driver_uid": proc_info(driver_pid)["uid"],
         "provider_uids": sorted({c["uid"] for c in children if c["uid"] is not None}),
@@ -109,6 +111,19 @@ async def credential(rig: Rig, runtime: str, box: Sandbox, driver_pid: int, boot
             probe_failures,
             "a shell tool (python -m driver.evidence.probe) reads /proc/<driver>/environ, cmdline, mem (readable "
             "regions of maps) and the boot file path; its copies are searched for the token",
+        ),
+        *(
+            [
+                not_measured(
+                    "credential: a root tool reads the driver's memory",
+                    "the tool ran as root, which reads any process's memory (CAP_SYS_PTRACE) whatever the driver "
+                    f"does (token {as_root_mem.get('agent tool read of mem', 'not found')} there); the same-uid, "
+                    "non-root case is refused (PR_SET_DUMPABLE 0, tests/test_undumpable.py): run the sandbox as "
+                    "a non-root user",
+                )
+            ]
+            if probe_uid == 0
+            else []
         ),
     ]
 

@@ -277,8 +277,7 @@ class Journal:
             )
             # Ended runs are only kept to mirror their terminal into a command status after a restart.
             self._db.execute(
-                "DELETE FROM runs WHERE terminal IS NOT NULL AND rowid <= "
-                "(SELECT MAX(rowid) FROM runs) - ?",
+                "DELETE FROM runs WHERE terminal IS NOT NULL AND rowid <= (SELECT MAX(rowid) FROM runs) - ?",
                 (RUNS_KEPT,),
             )
 

@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -29,86 +28,29 @@ from driver.protocol.frames import Receipt, Rejection
 from driver.protocol.oversize import shrink_event
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
 from driver.queue.journal import Journal
+from driver.queue.outbox_types import (
+    IN_FLIGHT,
+    READY,
+    WAITING,
+    Batch,
+    FinalRejection,
+    OutboxStats,
+    RetryPolicy,
+    _Entry,
+    utc_now,
+)
 from driver.queue.schema import RUN_TERMINAL_KINDS, SEQ_BLOCK
 
 log = logging.getLogger("driver.outbox")
 
-UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
+# The records moved to outbox_types; importers keep taking them from here.
+__all__ = ["Batch", "FinalRejection", "Outbox", "OutboxStats", "RetryPolicy", "utc_now"]
+
 # Events per group commit at most. Under a flood, one huge transaction would make every event wait
 # for the last one before the first is sent; chunks let sending overlap journaling.
 COMMIT_MAX_EVENTS = 1024
 # Bytes of admitted events not yet journaled before `admit` waits for the writer.
 UNSYNCED_MAX_BYTES = 4 * 1024 * 1024
-
-
-_second_cache: tuple[int, str] = (-1, "")
-
-
-def utc_now() -> str:
-    """ISO 8601 UTC with milliseconds, e.g. 2026-11-29T10:00:01.250Z.
-
-    Called for every event: the date-and-time part is formatted once per second and reused, which
-    makes this several times cheaper than datetime.isoformat on the hot path."""
-    global _second_cache
-    now = time.time()
-    second = int(now)
-    if _second_cache[0] != second:
-        _second_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return f"{_second_cache[1]}.{int((now - second) * 1000):03d}Z"
-
-
-@dataclass(slots=True)
-class _Entry:
-    seq: int
-    event_id: str
-    run_id: str | None
-    kind: str
-    size: int
-    body: bytes | None
-    admitted_at: float
-    state: int = UNSYNCED
-    attempts: int = 0
-    batch: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    number: int
-    frame_events: list[bytes]
-    lossless_seqs: list[int]
-    best_effort: list[BestEffortEvent]
-
-
-@dataclass(frozen=True, slots=True)
-class FinalRejection:
-    event_id: str
-    kind: str
-    run_id: str | None
-    rejection: Rejection
-
-
-@dataclass(slots=True)
-class OutboxStats:
-    lossless_pending: int = 0
-    in_flight: int = 0
-    oldest_pending_seq: int | None = None
-    oldest_pending_age_ms: int | None = None
-    retries: int = 0
-    best_effort_dropped: int = 0
-    best_effort_buffered: int = 0
-    final_rejections: int = 0
-
-
-@dataclass(slots=True)
-class RetryPolicy:
-    """Capped exponential backoff for unreceipted lossless events (injectable for tests)."""
-
-    receipt_timeout: float = 10.0
-    base: float = 0.25
-    cap: float = 30.0
-
-    def delay(self, attempts: int) -> float:
-        return float(min(self.cap, self.base * (2 ** max(0, attempts - 1))))
 
 
 _encoder = msgspec.json.Encoder()

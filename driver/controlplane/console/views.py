@@ -44,6 +44,4 @@ class InstanceViews:
         known = {row["instance_id"]: row for row in self.queries.instances()}
         for instance_id in self.cp.connected_instances():
             known.setdefault(instance_id, {"instance_id": instance_id, "highest_epoch": None, "terminated_at": None})
-        return [
-            self.summary(i, row["highest_epoch"], row["terminated_at"] is not None) for i, row in known.items()
-        ]
+        return [self.summary(i, row["highest_epoch"], row["terminated_at"] is not None) for i, row in known.items()]

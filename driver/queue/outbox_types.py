@@ -1,0 +1,82 @@
+"""The outbox's records without behaviour: an entry's states, the entry, a batch, a final rejection,
+the statistics, the retry policy, and the event timestamp (`utc_now`). The outbox itself is `outbox`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from driver.protocol.frames import Rejection
+from driver.queue.best_effort import BestEffortEvent
+
+UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
+
+_second_cache: tuple[int, str] = (-1, "")
+
+
+def utc_now() -> str:
+    """ISO 8601 UTC with milliseconds, e.g. 2026-11-29T10:00:01.250Z.
+
+    Called for every event: the date-and-time part is formatted once per second and reused, which
+    makes this several times cheaper than datetime.isoformat on the hot path."""
+    global _second_cache
+    now = time.time()
+    second = int(now)
+    if _second_cache[0] != second:
+        _second_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second_cache[1]}.{int((now - second) * 1000):03d}Z"
+
+
+@dataclass(slots=True)
+class _Entry:
+    seq: int
+    event_id: str
+    run_id: str | None
+    kind: str
+    size: int
+    body: bytes | None
+    admitted_at: float
+    state: int = UNSYNCED
+    attempts: int = 0
+    batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    number: int
+    frame_events: list[bytes]
+    lossless_seqs: list[int]
+    best_effort: list[BestEffortEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalRejection:
+    event_id: str
+    kind: str
+    run_id: str | None
+    rejection: Rejection
+
+
+@dataclass(slots=True)
+class OutboxStats:
+    lossless_pending: int = 0
+    in_flight: int = 0
+    oldest_pending_seq: int | None = None
+    oldest_pending_age_ms: int | None = None
+    retries: int = 0
+    best_effort_dropped: int = 0
+    best_effort_buffered: int = 0
+    final_rejections: int = 0
+
+
+@dataclass(slots=True)
+class RetryPolicy:
+    """Capped exponential backoff for unreceipted lossless events (injectable for tests)."""
+
+    receipt_timeout: float = 10.0
+    base: float = 0.25
+    cap: float = 30.0
+
+    def delay(self, attempts: int) -> float:
+        return float(min(self.cap, self.base * (2 ** max(0, attempts - 1))))
