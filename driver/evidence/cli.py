@@ -49,7 +49,8 @@ async def run(args: argparse.Namespace) -> Report:
     import anyio
 
     from driver.evidence import conditions
-    from driver.evidence.rig import Fakes, project_root, rig
+    from driver.evidence.rig import project_root, rig
+    from driver.testing.fakes import Fakes
 
     runtimes = list(dict.fromkeys(args.runtime or RUNTIMES))  # a repeated --runtime runs once
     claims = [c for c in CLAIMS if c in (args.claim or CLAIMS)]  # the report keeps the claims' order

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver.testing import codex_acp
+from driver.testing.fakes import Fakes
 
 if TYPE_CHECKING:
     from driver.controlplane.server import ControlPlane
@@ -34,36 +35,6 @@ def project_root() -> Path:
     from driver.kernel import project_root as root
 
     return root()
-
-
-@dataclass
-class Fakes:
-    """The fake model endpoints, started on first use and closed with the stack."""
-
-    stack: ExitStack
-    _anthropic: Any = None
-    _responses: Any = None
-
-    @property
-    def anthropic(self) -> Any:
-        if self._anthropic is None:
-            from driver.testing.fake_anthropic import FakeAnthropic
-
-            self._anthropic = self.stack.enter_context(FakeAnthropic())
-        return self._anthropic
-
-    @property
-    def responses(self) -> Any:
-        if self._responses is None:
-            from driver.testing.fake_responses import FakeResponses
-
-            self._responses = self.stack.enter_context(FakeResponses())
-        return self._responses
-
-    def requests(self, runtime: str) -> list[dict[str, Any]]:
-        """Every model request the runtime's fake received so far, in order."""
-        fake = self.anthropic if runtime == "claude-agent-sdk" else self.responses
-        return list(fake.requests)
 
 
 @dataclass

@@ -7,12 +7,11 @@ Used by the provider-marked kernel tests and by bench/cancel_evidence.py.
 from __future__ import annotations
 
 import sys
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from driver.testing import codex_acp
+from driver.testing.fakes import Fakes
 from tests.integration.harness import INSTANCE, ROOT, STUBBORN, TOKEN
 
 RUNTIMES = ("claude-agent-sdk", "openai-app-server", "acp:codex-acp")
@@ -26,31 +25,6 @@ PERMISSION = {
     "acp:codex-acp": "[[write:notes.txt:hello]]",
     "acp:stubborn": "[[perm]]",
 }
-
-
-@dataclass
-class Fakes:
-    """The fake model endpoints, started on first use and closed with the stack."""
-
-    stack: ExitStack
-    _anthropic: Any = None
-    _responses: Any = None
-
-    @property
-    def anthropic(self) -> Any:
-        if self._anthropic is None:
-            from driver.testing.fake_anthropic import FakeAnthropic
-
-            self._anthropic = self.stack.enter_context(FakeAnthropic())
-        return self._anthropic
-
-    @property
-    def responses(self) -> Any:
-        if self._responses is None:
-            from driver.testing.fake_responses import FakeResponses
-
-            self._responses = self.stack.enter_context(FakeResponses())
-        return self._responses
 
 
 def payload(runtime: str, tmp: Path, url: str, fakes: Fakes, *, mode: str = "normal") -> dict[str, Any]:
