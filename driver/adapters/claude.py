@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,7 +23,7 @@ import anyio
 import claude_agent_sdk as sdk
 
 from driver import containment
-from driver.adapters import attachments, instructions
+from driver.adapters import attachments, claude_setup
 from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
     Adapter,
@@ -37,18 +36,21 @@ from driver.adapters.base import (
     TurnOutcome,
 )
 from driver.adapters.claude_options import (
-    RESERVED_OPTIONS,
     RUNTIME,
-    bundled_cli,
-    mcp_servers,
-    mcp_stdio_environment,
-    provider_environment,
     recovery_preamble,
     redactor,
-    system_prompt,
-    write_launcher,
 )
-from driver.adapters.claude_turn import FileTouched, TurnTranslator, tool_title, usage_payload
+from driver.adapters.claude_turn import (
+    FileTouched,
+    TurnTranslator,
+    answers_other_prompt,
+    cli_pid,
+    init_session,
+    one_message,
+    tool_title,
+    usage_payload,
+    user_message,
+)
 from driver.adapters.registry import CAPABILITIES
 from driver.protocol.commands import RunInput
 
@@ -63,14 +65,6 @@ PERMISSION_OPTIONS: tuple[PermissionOption, ...] = (
     PermissionOption("allow_always", "allow_always", "Allow for this session"),
     PermissionOption("reject_once", "reject_once", "Reject"),
 )
-
-
-def sdk_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The SDK keeps a dict schema as JSON Schema only when it has `properties`; any other dict is read
-    as a {name: type} map (so `{"type": "object"}` became "a string parameter named type")."""
-    if schema.get("type") == "object" and "properties" not in schema:
-        return {**schema, "properties": {}}
-    return schema
 
 
 class ResumeFailed(Exception):
@@ -158,89 +152,21 @@ class ClaudeAdapter(Adapter):
             ) from None
         self.connect_seconds = time.monotonic() - started
         self._client = client
-        if (pid := _cli_pid(client)) is not None:
+        if (pid := cli_pid(client)) is not None:
             containment.started(pid)  # so the next driver process can clean up after this one
         self._cost_total = 0.0  # a new CLI process counts its cost from zero
         self._session_id = session_id
 
     def _options(self, *, resume: str | None, session_id: str | None) -> Any:
-        config = self.config
-        execution = config.execution
-        env = provider_environment(config.env, config.state_dir)
-        env.update(mcp_stdio_environment(execution.mcp_servers))
-        servers, problems = mcp_servers(execution.mcp_servers, execution.environment)
-        self._pending_diagnostics = problems
-        # Skills (PROTOCOL §6.4) the native way: linked into the user skills folder of our own
-        # CLAUDE_CONFIG_DIR, with the "user" settings source on so Claude Code lists them. That
-        # source reads only files under the driver's state_dir; the project's settings stay off.
-        skills = instructions.installed_skills(Path(config.session.cwd), execution.skills)
-        if skills:
-            instructions.link_skills(skills, Path(env["CLAUDE_CONFIG_DIR"]) / "skills")
-        driver_text = instructions.compose(execution, config.session, own_prompt=False)
-        if skills:
-            # Claude Code lists skills by name and description only; the model also learns where they are.
-            driver_text += "\n\n" + instructions.skill_paths_paragraph(skills)
-        kwargs: dict[str, Any] = {
-            "cwd": config.session.cwd,
-            "system_prompt": system_prompt(execution, driver_text),
-            "include_partial_messages": True,
-            "setting_sources": ["user"] if skills else [],
-            "env": env,
-            "stderr": self._on_stderr,
-            "mcp_servers": servers,
-            "add_dirs": [d for d in [config.session.memory_dir, *config.session.additional_directories] if d],
-        }
-        if execution.model:
-            kwargs["model"] = execution.model
-        if execution.permission_policy == "full_access":
-            kwargs["permission_mode"] = "bypassPermissions"
-        else:
-            kwargs["permission_mode"] = "default"
-            kwargs["can_use_tool"] = self._can_use_tool
-        host = self._host_server()
-        if host is not None:
-            kwargs["mcp_servers"] = {**servers, "host": host}
-        if resume is not None:
-            kwargs["resume"] = resume
-        if session_id is not None:
-            kwargs["session_id"] = session_id
-        fields = {f.name for f in dataclasses.fields(sdk.ClaudeAgentOptions)}
-        for key, value in execution.provider_options.items():
-            if key in fields and key not in RESERVED_OPTIONS:
-                kwargs[key] = value
-            else:
-                self._pending_diagnostics.append(f"provider_options.{key} is not a usable ClaudeAgentOptions field")
-        cli = kwargs.pop("cli_path", None) or bundled_cli()  # provider_options may name another CLI
-        launcher = write_launcher(config.state_dir, cli, env.keys(), os.environ) if cli else None
-        self._launcher_used = launcher is not None
-        if launcher is not None:
-            kwargs["cli_path"] = str(launcher)
-        elif cli is not None:
-            kwargs["cli_path"] = str(cli)
-        return sdk.ClaudeAgentOptions(**kwargs)
-
-    def _host_server(self) -> Any:
-        """PROTOCOL §6.3: the execution's host tools as one in-process MCP server named `host`; each
-        call goes through the host-tool port (which reports `host_tool.called` and awaits the CP)."""
-        tools = self.config.execution.host_tools
-        if not tools:
-            return None
-        port = self.ports.host_tools
-
-        def handler(name: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-            async def call(arguments: dict[str, Any]) -> dict[str, Any]:
-                reply = await port.call(name, arguments)
-                return {"content": reply.content, "is_error": reply.is_error}
-
-            return call
-
-        definitions = [
-            sdk.SdkMcpTool(
-                name=t.name, description=t.description, input_schema=sdk_schema(t.input_schema), handler=handler(t.name)
-            )
-            for t in tools
-        ]
-        return sdk.create_sdk_mcp_server("host", tools=definitions)
+        options, self._pending_diagnostics, self._launcher_used = claude_setup.client_options(
+            self.config,
+            self.ports.host_tools,
+            resume=resume,
+            session_id=session_id,
+            on_stderr=self._on_stderr,
+            can_use_tool=self._can_use_tool,
+        )
+        return options
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line[:STDERR_LINE_CHARS])
@@ -255,7 +181,7 @@ class ClaudeAdapter(Adapter):
 
     async def _disconnect(self, client: Any) -> None:
         pgid = self._pgid(client)
-        pid = _cli_pid(client)
+        pid = cli_pid(client)
         # Shielded: stop() is often reached while being cancelled. A dead CLI must not make it raise.
         with (
             anyio.CancelScope(shield=True),
@@ -328,7 +254,7 @@ class ClaudeAdapter(Adapter):
         self._translator = translator
         prompt_uuid = str(uuid.uuid4())
         try:
-            await client.query(_one(_user_message(content, prompt_uuid)))
+            await client.query(one_message(user_message(content, prompt_uuid)))
             self._recovery_pending = ""
             result = await self._drain(client, translator, prompt_uuid)
         except ProviderError:
@@ -361,9 +287,9 @@ class ClaudeAdapter(Adapter):
     async def _drain(self, client: Any, translator: TurnTranslator, prompt_uuid: str) -> Any:
         """Read messages until this turn's result; emit as they come."""
         async for message in client.receive_messages():
-            if isinstance(message, sdk.ResultMessage) and _answers_other_prompt(message, prompt_uuid):
+            if isinstance(message, sdk.ResultMessage) and answers_other_prompt(message, prompt_uuid):
                 continue  # a late result of an earlier, interrupted turn must not end this one
-            await self._note_session(getattr(message, "session_id", None) or _init_session(message))
+            await self._note_session(getattr(message, "session_id", None) or init_session(message))
             translator.cancelling = self._cancelling
             for out in translator.translate(message):
                 if isinstance(out, FileTouched):
@@ -476,38 +402,3 @@ class ClaudeAdapter(Adapter):
         if decision.outcome == "timed_out":
             return sdk.PermissionResultDeny(message="No decision was made in time; the tool call was not run.")
         return sdk.PermissionResultDeny(message="The user declined this tool call.")
-
-
-def _user_message(content: str | list[dict[str, Any]], prompt_uuid: str) -> dict[str, Any]:
-    # Our own uuid on the prompt comes back as the result's `user_message_uuid`: that is how a turn
-    # knows its own result.
-    return {
-        "type": "user",
-        "message": {"role": "user", "content": content},
-        "parent_tool_use_id": None,
-        "session_id": "default",
-        "uuid": prompt_uuid,
-    }
-
-
-async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    yield message
-
-
-def _answers_other_prompt(result: Any, prompt_uuid: str) -> bool:
-    taken = [result.user_message_uuid, *(result.user_message_uuids or [])]
-    known = [u for u in taken if u]
-    return bool(known) and prompt_uuid not in known
-
-
-def _init_session(message: Any) -> str | None:
-    if isinstance(message, sdk.SystemMessage):
-        value = message.data.get("session_id")
-        return value if isinstance(value, str) else None
-    return None
-
-
-def _cli_pid(client: Any) -> int | None:
-    """The pid of the process the SDK started (our launcher, exec'ed into the CLI's wrapper)."""
-    pid = getattr(getattr(getattr(client, "_transport", None), "_process", None), "pid", None)
-    return pid if isinstance(pid, int) else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import claude_agent_sdk as sdk
@@ -265,3 +266,41 @@ def usage_payload(result: Any) -> dict[str, Any]:
         "reasoning_tokens": _int(details.get("thinking_tokens")),
         "cost_usd": float(cost) if isinstance(cost, int | float) else None,
     }
+
+
+# -- the prompt and the messages around a turn ------------------------------------------------------
+
+
+def user_message(content: str | list[dict[str, Any]], prompt_uuid: str) -> dict[str, Any]:
+    # Our own uuid on the prompt comes back as the result's `user_message_uuid`: that is how a turn
+    # knows its own result.
+    return {
+        "type": "user",
+        "message": {"role": "user", "content": content},
+        "parent_tool_use_id": None,
+        "session_id": "default",
+        "uuid": prompt_uuid,
+    }
+
+
+async def one_message(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield message
+
+
+def answers_other_prompt(result: Any, prompt_uuid: str) -> bool:
+    taken = [result.user_message_uuid, *(result.user_message_uuids or [])]
+    known = [u for u in taken if u]
+    return bool(known) and prompt_uuid not in known
+
+
+def init_session(message: Any) -> str | None:
+    if isinstance(message, sdk.SystemMessage):
+        value = message.data.get("session_id")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def cli_pid(client: Any) -> int | None:
+    """The pid of the process the SDK started (our launcher, exec'ed into the CLI's wrapper)."""
+    pid = getattr(getattr(getattr(client, "_transport", None), "_process", None), "pid", None)
+    return pid if isinstance(pid, int) else None

@@ -15,33 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
-import platform
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import structlog
 
-from driver.adapters import attachments, codex_notices, codex_requests, instructions
+from driver.adapters import attachments, codex_files, codex_notices, codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
-    PermissionDecision,
-    PermissionOption,
-    PermissionRequest,
     Ports,
     ProviderError,
     TurnOutcome,
 )
 from driver.adapters.codex_config import (
     HOST_TOKEN_ENV,
-    CodexConfigError,
     CodexSettings,
-    render_config,
-    settings_from,
 )
+from driver.adapters.codex_files import codex_binary
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
@@ -54,40 +47,6 @@ from driver.telemetry import tracing
 log = structlog.get_logger(__name__)
 
 RUNTIME = "openai-app-server"
-# npm package suffix and Rust target triple of the platform binary, by machine.
-_PLATFORMS = {
-    "x86_64": ("linux-x64", "x86_64-unknown-linux-musl"),
-    "amd64": ("linux-x64", "x86_64-unknown-linux-musl"),
-    "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
-    "arm64": ("linux-arm64", "aarch64-unknown-linux-musl"),
-}
-_HELPER_NAMES = ("codex-linux-sandbox",)
-
-
-def codex_binary(project_root: Path, machine: str | None = None) -> Path:
-    """The platform Codex binary inside node_modules; ProviderError("provider.missing") if absent."""
-    machine = (machine or platform.machine()).lower()
-    if machine not in _PLATFORMS:
-        raise ProviderError("provider.missing", f"codex: no binary for machine type {machine!r}")
-    package, triple = _PLATFORMS[machine]
-    path = project_root / "node_modules" / "@openai" / f"codex-{package}" / "vendor" / triple / "bin" / "codex"
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise ProviderError(
-            "provider.missing",
-            f"codex binary not found at {path} (install the pinned @openai/codex with `npm install`)",
-        )
-    return path
-
-
-def _sha256(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 16), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 class CodexAdapter(Adapter):
@@ -123,45 +82,8 @@ class CodexAdapter(Adapter):
         return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
 
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
-        try:
-            settings = settings_from(self.config.execution)
-            text, extra_env = render_config(
-                settings,
-                self.config.execution.mcp_servers,
-                host_mcp_url,
-                # Set by the kernel when the boot payload names a collector (driver.telemetry.room).
-                otlp_endpoint=self.config.env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
-            )
-        except CodexConfigError as exc:
-            raise ProviderError("provider.config", str(exc)) from None
-        if settings.base_url is not None and settings.env_key not in self.config.env:
-            raise ProviderError(
-                "provider.config", f"codex: the API key variable {settings.env_key} is not in execution.environment"
-            )
-        self._settings = settings
-        home = self.config.state_dir / "codex-home"
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (home / "config.toml").write_text(text)
-        # Skills (PROTOCOL §6.4) the native way: Codex lists what CODEX_HOME/skills holds to the model.
-        skills = instructions.installed_skills(self._cwd, self.config.execution.skills)
-        if skills:
-            instructions.link_skills(skills, home / "skills")
+        home, extra_env, self._settings = codex_files.prepare_home(self.config, host_mcp_url)
         return home, extra_env
-
-    def _helper_aliases(self, binary: Path) -> Path:
-        """A folder of links to the binary under the helper names Codex dispatches on argv[0]
-        (`codex-linux-sandbox` runs commands inside the sandbox). Codex makes these itself under
-        CODEX_HOME, but refuses when CODEX_HOME is under the temporary directory, and then every
-        sandboxed command fails with "execvp codex-linux-sandbox: No such file"."""
-        folder = self.config.state_dir / "codex-bin"
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in _HELPER_NAMES:
-            link = folder / name
-            if link.is_symlink() and os.readlink(link) == str(binary):
-                continue
-            link.unlink(missing_ok=True)
-            link.symlink_to(binary)
-        return folder
 
     async def start(self) -> None:
         binary = codex_binary(self.config.project_root)
@@ -174,7 +96,9 @@ class CodexAdapter(Adapter):
         env = {**self.config.env, **extra_env, "CODEX_HOME": str(home)}
         if self._host is not None:
             env[HOST_TOKEN_ENV] = self._host.token
-        env["PATH"] = os.pathsep.join([str(self._helper_aliases(binary)), env.get("PATH", os.defpath)])
+        env["PATH"] = os.pathsep.join(
+            [str(codex_files.helper_aliases(self.config.state_dir, binary)), env.get("PATH", os.defpath)]
+        )
         env.setdefault("HOME", str(home))
         proc = await ProviderProcess.spawn([str(binary), "app-server"], env=env, cwd=self._cwd, name="codex")
         self._set_proc(proc)
@@ -499,7 +423,11 @@ class CodexAdapter(Adapter):
         had_turn_id, was_active = turn.turn_id is not None, turn.active
         for out in turn.handle(method, params):
             if isinstance(out, FileTouched):
-                digest = None if out.change == "deleted" else await anyio.to_thread.run_sync(_sha256, out.path)
+                digest = (
+                    None
+                    if out.change == "deleted"
+                    else await anyio.to_thread.run_sync(codex_files.sha256_file, out.path)
+                )
                 if (out.path, digest) not in turn.reported_files:
                     turn.reported_files.add((out.path, digest))
                     payload = {"path": out.relpath, "change": out.change, "sha256": digest}
@@ -524,31 +452,9 @@ class CodexAdapter(Adapter):
         return codex_requests.answer(method, params, decision)
 
     async def _mcp_elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Codex asks before an MCP tool call with a form elicitation marked `mcp_tool_call`; that is a
-        permission request. Any other elicitation (a server wanting user input) is declined: no one
-        here can fill in a form."""
-        meta = params.get("_meta")
-        if not isinstance(meta, dict) or meta.get("codex_approval_kind") != "mcp_tool_call":
+        turn = self._turn
+        request = codex_requests.elicitation_request(params, turn.running_tool if turn is not None else None)
+        if request is None:
             log.info("codex.elicitation_declined", server=params.get("serverName"))
             return {"action": "decline"}
-        name = f"{params.get('serverName') or ''}.{meta.get('tool_name') or ''}"
-        # The elicitation names no item: the call it is about is the running MCP call of that tool.
-        turn = self._turn
-        tool_call_id = (turn.running_tool(name) if turn is not None else None) or f"mcp:{name}"
-        request = PermissionRequest(
-            tool_call_id=tool_call_id,
-            title=str(params.get("message") or f"Allow {name}?"),
-            options=(
-                PermissionOption("accept", "allow_once", "Allow once"),
-                PermissionOption("decline", "reject_once", "Decline"),
-            ),
-            tool_name=name,
-            tool_input=meta.get("tool_params"),
-        )
-        return _elicitation_action(await self.ports.permissions.request(request))
-
-
-def _elicitation_action(decision: PermissionDecision) -> dict[str, Any]:
-    if decision.outcome == "allowed":
-        return {"action": "accept", "content": {}}
-    return {"action": "cancel" if decision.outcome == "cancelled" else "decline"}
+        return codex_requests.elicitation_action(await self.ports.permissions.request(request))

@@ -110,3 +110,33 @@ def answer(method: str, params: dict[str, Any], decision: PermissionDecision) ->
     if decision.outcome == "cancelled":
         return {"decision": "cancel"}  # the run is being cancelled: Codex also interrupts the turn
     return {"decision": "decline"}  # rejected, or timed out: the turn goes on without the tool
+
+
+def elicitation_request(
+    params: dict[str, Any], running_tool: Callable[[str], str | None] | None
+) -> PermissionRequest | None:
+    """Codex asks before an MCP tool call with a form elicitation marked `mcp_tool_call`; that is a
+    permission request. Any other elicitation (a server wanting user input) is declined (None): no one
+    here can fill in a form."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict) or meta.get("codex_approval_kind") != "mcp_tool_call":
+        return None
+    name = f"{params.get('serverName') or ''}.{meta.get('tool_name') or ''}"
+    # The elicitation names no item: the call it is about is the running MCP call of that tool.
+    tool_call_id = (running_tool(name) if running_tool is not None else None) or f"mcp:{name}"
+    return PermissionRequest(
+        tool_call_id=tool_call_id,
+        title=str(params.get("message") or f"Allow {name}?"),
+        options=(
+            PermissionOption("accept", "allow_once", "Allow once"),
+            PermissionOption("decline", "reject_once", "Decline"),
+        ),
+        tool_name=name,
+        tool_input=meta.get("tool_params"),
+    )
+
+
+def elicitation_action(decision: PermissionDecision) -> dict[str, Any]:
+    if decision.outcome == "allowed":
+        return {"action": "accept", "content": {}}
+    return {"action": "cancel" if decision.outcome == "cancelled" else "decline"}

@@ -11,274 +11,52 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload schemas)
+    ArtifactProduced,
+    CommandFinished,
+    DiagnosticReported,
+    DriverStarted,
+    ErrorInfo,
+    FileChanged,
+    FileTouched,
+    HostToolCalled,
+    HostToolResolved,
+    LogRecord,
+    LogRecords,
+    MessageCompleted,
+    MessageDelta,
+    MessageStarted,
+    PermissionOptionPayload,
+    PermissionRequested,
+    PermissionResolved,
+    PlanEntry,
+    PlanUpdated,
+    ProcessLeft,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    RuntimeResumeUpdated,
+    RuntimeSessionReset,
+    SessionCommandInfo,
+    SessionCommandsUpdated,
+    SessionConfigOptionInfo,
+    SessionConfigUpdated,
+    SessionModeInfo,
+    SessionModeUpdated,
+    SideEffects,
+    ThoughtCompleted,
+    ThoughtDelta,
+    ThoughtStarted,
+    TimingRecorded,
+    ToolCallSummary,
+    ToolCompleted,
+    ToolOutputDelta,
+    ToolStarted,
+    UsageUpdated,
+)
+
 Delivery = Literal["lossless", "best_effort"]
-
-
-class _P(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class DriverStarted(_P):
-    epoch: int
-    revision: str
-    runtime: str
-    capabilities: list[dict[str, Any]]
-    timings: dict[str, float | None]
-
-
-class RunStarted(_P):
-    run_id: str
-    revision: str
-    input_summary: str
-
-
-class RunCompleted(_P):
-    stop_reason: str
-    final_message_id: str | None
-    final_message_text: str
-    usage: dict[str, Any] | None
-    dropped_best_effort: int = 0
-
-
-class ErrorInfo(msgspec.Struct, kw_only=True):
-    code: str
-    message: str
-    retryable: bool = False
-    details: dict[str, Any] | None = None
-
-
-class RunFailed(_P):
-    error: ErrorInfo
-    dropped_best_effort: int = 0
-
-
-class ToolCallSummary(msgspec.Struct, kw_only=True):
-    tool_call_id: str
-    name: str
-    status: str  # the last status reported: "running" when it had not completed
-
-
-class ProcessLeft(msgspec.Struct, kw_only=True):
-    pid: int
-    argv0: str
-
-
-class FileTouched(msgspec.Struct, kw_only=True):
-    path: str
-    change: Literal["created", "modified", "deleted"]
-
-
-class SideEffects(msgspec.Struct, kw_only=True):
-    files_changed: list[FileTouched] = msgspec.field(default_factory=list)
-    processes_left: list[ProcessLeft] = msgspec.field(default_factory=list)
-    truncated: bool = False  # the cwd scan hit its bound: files_changed may be incomplete
-
-
-class RunCancelled(_P):
-    reason: str
-    requested_by: str
-    dropped_best_effort: int = 0
-    tool_calls: list[ToolCallSummary] = msgspec.field(default_factory=list)
-    side_effects: SideEffects = msgspec.field(default_factory=SideEffects)
-    details: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class MessageStarted(_P):
-    message_id: str
-    role: str
-
-
-class MessageDelta(_P):
-    message_id: str
-    text: str
-
-
-class MessageCompleted(_P):
-    message_id: str
-    role: str
-    text: str
-
-
-class ThoughtStarted(_P):
-    thought_id: str
-    text: str = ""
-
-
-class ThoughtDelta(_P):
-    thought_id: str
-    text: str
-
-
-class ThoughtCompleted(_P):
-    thought_id: str
-    text: str
-
-
-class ToolStarted(_P):
-    tool_call_id: str
-    name: str
-    title: str
-    input: Any
-    parent_tool_call_id: str | None = None  # the delegating call, for a subagent's work
-
-
-class ToolOutputDelta(_P):
-    tool_call_id: str
-    text: str
-
-
-class ToolCompleted(_P):
-    tool_call_id: str
-    status: Literal["completed", "failed", "declined", "cancelled"]
-    output: Any
-    exit_code: int | None = None
-
-
-class PermissionOptionPayload(msgspec.Struct, kw_only=True):
-    option_id: str
-    kind: str
-    label: str
-
-
-class PermissionRequested(_P):
-    request_id: str
-    tool_call_id: str
-    title: str
-    options: list[PermissionOptionPayload]
-    expires_at: str
-
-
-class PermissionResolved(_P):
-    request_id: str
-    outcome: Literal["allowed", "rejected", "cancelled", "timed_out"]
-    option_id: str | None
-    decided_by: Literal["control_plane", "policy", "timeout", "cancel"]
-
-
-class HostToolCalled(_P):
-    call_id: str
-    run_id: str | None
-    name: str
-    arguments: Any
-
-
-class FileChanged(_P):
-    path: str
-    change: Literal["created", "modified", "deleted"]
-    sha256: str | None
-
-
-class ArtifactProduced(_P):
-    path: str
-    size: int
-    sha256: str
-
-
-class PlanEntry(msgspec.Struct, kw_only=True):
-    content: str
-    status: str
-
-
-class PlanUpdated(_P):
-    entries: list[PlanEntry]
-
-
-class UsageUpdated(_P):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_input_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cost_usd: float | None = None
-
-
-class RuntimeResumeUpdated(_P):
-    runtime: str
-    value: str
-
-
-class RuntimeSessionReset(_P):
-    previous: str | None
-    current: str | None
-
-
-class SessionModeInfo(msgspec.Struct, kw_only=True):
-    id: str
-    name: str = ""
-    description: str = ""
-
-
-class SessionModeUpdated(_P):
-    """The provider session's current mode and the modes it offers (ACP session modes)."""
-
-    current_mode_id: str
-    available_modes: list[SessionModeInfo]
-
-
-class SessionConfigOptionInfo(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
-    category: str | None = None
-    type: str  # "select" | "boolean" (ACP v1), or a newer kind reported as the agent names it
-    current_value: Any = None
-    choices: list[Any] | None = None  # the values of a select option
-
-
-class SessionConfigUpdated(_P):
-    """Every configuration option of the provider session, with its current value."""
-
-    options: list[SessionConfigOptionInfo]
-
-
-class SessionCommandInfo(msgspec.Struct, kw_only=True):
-    name: str
-    description: str = ""
-    input_hint: str | None = None
-
-
-class SessionCommandsUpdated(_P):
-    """The commands (slash commands) the provider session offers now."""
-
-    commands: list[SessionCommandInfo]
-
-
-class DiagnosticReported(_P):
-    code: str
-    severity: Literal["debug", "info", "warning", "error"]
-    message: str
-    details: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class CommandFinished(_P):
-    command_id: str
-    command_kind: str
-    status: Literal["completed", "failed", "cancelled"]
-    result: dict[str, Any] | None = None
-    error: ErrorInfo | None = None
-
-
-class HostToolResolved(_P):
-    call_id: str
-    outcome: Literal["completed", "failed", "timed_out", "cancelled"]
-
-
-class TimingRecorded(_P):
-    phase: Literal["hello", "provider.spawn", "provider.ready", "session.open", "session.resume", "first_token"]
-    ms: float
-    mode: Literal["cold", "warm", "resume"]
-    run_id: str | None = None
-
-
-class LogRecord(msgspec.Struct, kw_only=True):
-    at: str
-    level: str
-    logger: str
-    message: str
-    fields: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class LogRecords(_P):
-    records: list[LogRecord]
-    dropped: int = 0  # lines not sent since the previous batch (held-buffer overflow, rate limit)
 
 
 class EventKind(msgspec.Struct, frozen=True):

@@ -99,7 +99,7 @@ def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Pa
 
 
 def test_host_tool_schema_without_properties_stays_a_json_schema() -> None:
-    from driver.adapters.claude import sdk_schema
+    from driver.adapters.claude_setup import sdk_schema
 
     assert sdk_schema({"type": "object"}) == {"type": "object", "properties": {}}
     full = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
