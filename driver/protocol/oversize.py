@@ -4,7 +4,8 @@ The longest strings anywhere in the payload (nested objects and arrays included)
 first, by water-filling: one level C is chosen so that every string longer than C is cut to C
 (marker included) and the bytes saved cover the excess, so the longest lose the most and shorter
 ones are untouched. If cutting every string to its marker is not enough, the longest arrays lose
-their tail, one element at a time, longest array first. The result carries
+their tail, one element at a time, longest array first; if even that is not enough (a skeleton of many
+short fields), whole entries of nested objects go, largest first (never a top-level field). The result carries
 `"truncated": {"original_bytes": N}`. Identity fields (`*_id`, `kind`, `status`, `code`) and
 everything inside them are never cut.
 
@@ -62,7 +63,7 @@ def cut(payload: dict[str, Any], limit: int) -> dict[str, Any]:
     elif excess > 0:
         excess = 0  # the strings' savings are exact (each cut string was measured)
     while excess > 0:
-        if not _cut_arrays(work, excess):
+        if not _cut_arrays(work, excess) and not _drop_entries(work, excess):
             raise Oversize(f"payload of {size} bytes cannot be cut to {limit} bytes (identity fields too large)")
         excess = encoded_size(work) - target
     work[TRUNCATED_KEY] = note
@@ -181,6 +182,45 @@ def _cut_arrays(work: dict[str, Any], excess: int) -> bool:
         if array:
             heapq.heappush(heap, (-totals[id(array)], order, order))
     return saved > 0
+
+
+# -- nested entries -----------------------------------------------------------------------------------
+
+
+def _drop_entries(work: dict[str, Any], excess: int) -> bool:
+    """Last resort, when no string or array is left to cut: remove whole entries of nested objects
+    (never a top-level field, never an identity field), largest first, until `excess` bytes are saved
+    (as estimated). False: none is left. A skeleton of many short fields can otherwise not fit."""
+    entries: list[tuple[int, int, dict[str, Any], str]] = []
+    for order, (container, key) in enumerate(_slots(work)):
+        if isinstance(container, dict) and container is not work:
+            entries.append((-(len(_encode(key)) + len(_encode(container[key])) + 2), order, container, key))
+    if not entries:
+        return False
+    entries.sort(key=lambda e: (e[0], e[1]))
+    saved = 0
+    gone: set[int] = set()  # containers inside a removed entry: their entries are gone with it
+    removed: list[Any] = []  # kept alive, so no id() in `gone` is reused by a new object
+    for neg, _, container, key in entries:
+        if saved >= excess:
+            break
+        if id(container) in gone or key not in container:
+            continue
+        value = container.pop(key)
+        removed.append(value)
+        gone.update(id(d) for d in _dicts_in(value))
+        saved += -neg
+    return saved > 0
+
+
+def _dicts_in(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, dict):
+        yield value
+        for child in value.values():
+            yield from _dicts_in(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _dicts_in(child)
 
 
 def _lists_in(value: Any) -> Iterator[list[Any]]:

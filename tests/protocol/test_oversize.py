@@ -128,3 +128,23 @@ def test_fifty_mebibytes_are_cut_fast(shape: str) -> None:
     assert encoded_size(out) <= 256 * 1024
     print(f"cut 50 MiB ({shape}) to 256 KiB in {elapsed * 1000:.0f} ms")
     assert elapsed < 5.0  # linear: well under a second here; quadratic re-encoding would take minutes
+
+
+def test_a_skeleton_of_short_fields_loses_nested_entries_not_its_identity() -> None:
+    # Found by the property above: nothing long to cut, only many short fields in nested objects.
+    payload = {
+        "text": [],
+        "output": {
+            "text": {"text": "", "output": "", "items": "0\x1fࠀ𐀀", "kind": "", "status": "0ࠀࠀࠀࠀ", "code": "0" * 5},
+            "output": {"text": None, "output": "", "items": "", "kind": "0\x1f", "status": "0" * 10},
+            "items": {"text": None, "output": "", "items": "0" * 14 + "\x1f" * 4 + "\x07", "kind": "", "status": None},
+        },
+        "tool_call_id": "",
+        "items": None,
+        "kind": "",
+    }
+    out = oversize.cut(payload, 300)
+    assert encoded_size(out) <= 300
+    assert out["tool_call_id"] == "" and out["kind"] == "" and set(out) >= {"text", "output", "items"}
+    assert out["truncated"]["original_bytes"] == encoded_size(payload)
+    assert oversize.cut(payload, 300) == out  # deterministic
