@@ -301,3 +301,31 @@ async def test_new_sandbox_with_the_cp_ref_resets_and_replays(runtime: str, tmp_
             assert resets[-1]["payload"]["current"] != ref
         finally:
             d2.close()
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_link_lost_mid_run_the_run_continues_and_nothing_is_lost(
+    runtime: str, tmp_path: Path, fakes: Fakes
+) -> None:
+    from tests.faults.history import check_instance, check_run
+
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), env=FAST)
+        try:
+            assert (await turn(cp, "run-1", "Please remember the word TERN-4410."))["status"] == "completed"
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[slow]]"})
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "message.started" and e["run_id"] == "run-2")
+            assert await cp.close_link(INSTANCE, 1006)  # the TCP connection drops, no close frame
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            # The run goes on while the link is down; after the reconnect everything lossless arrives.
+            await cp.wait_connected(INSTANCE, timeout=30)
+            await cp.send_command(INSTANCE, "turn.cancel", run_id="run-2", reason="test")
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "cancelled"
+            check_instance(cp)  # every lossless event once: no id and no seq stored twice
+            check_run(cp, "run-2", terminal="run.cancelled")
+            assert (await turn(cp, "run-3", "Which word did I ask you to remember?"))["status"] == "completed"
+            assert "TERN-4410" in last_model_request(fakes, runtime)  # the session was kept
+            assert 1006 in [h["close_code"] for h in cp.link_history(INSTANCE)]
+        finally:
+            d.close()
