@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -16,19 +15,6 @@ from tests.integration.harness import INSTANCE, DriverProcess, boot_payload, con
 from tests.kernel.runtimes import Fakes, payload
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[DriverProcess]]:
-    started: list[DriverProcess] = []
-    yield started
-    for d in started:
-        d.close()
 
 
 def _cmdline(pid: int) -> bytes:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,19 +13,6 @@ import pytest
 from tests.integration.harness import INSTANCE, TOKEN, DriverProcess, boot_payload, control_plane, kinds
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[DriverProcess]]:
-    started: list[DriverProcess] = []
-    yield started
-    for d in started:
-        d.close()
 
 
 def start(tmp_path: Path, url: str, drivers: list[DriverProcess], name: str = "driver", **kw: Any) -> DriverProcess:

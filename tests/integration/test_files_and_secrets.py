@@ -5,20 +5,9 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.integration.harness import INSTANCE, TOKEN, DriverProcess, boot_payload, control_plane
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[DriverProcess]]:
-    started: list[DriverProcess] = []
-    yield started
-    for d in started:
-        d.close()
 
 
 def sha(data: bytes) -> str:

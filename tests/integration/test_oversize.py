@@ -3,7 +3,6 @@ output costs one truncated event, and a CP that refuses a frame with 1009 never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +14,6 @@ from tests.integration.harness import INSTANCE, DriverProcess, boot_payload, con
 pytestmark = pytest.mark.anyio
 
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[DriverProcess]]:
-    started: list[DriverProcess] = []
-    yield started
-    for d in started:
-        d.close()
 
 
 async def _run(cp: Any, text: str, run_id: str) -> dict[str, Any]:
