@@ -15,7 +15,7 @@ import pytest
 from tests.faults.conftest import Drivers
 from tests.faults.history import check_run
 from tests.faults.link_proxy import HUGE, LinkProxy
-from tests.faults.test_faults import booted, next_heartbeat, start_run, status, wait_step
+from tests.faults.test_faults import booted, drained_heartbeat, start_run, status, wait_step
 from tests.integration.harness import INSTANCE, control_plane
 
 pytestmark = pytest.mark.faults
@@ -45,7 +45,7 @@ async def test_hostile_links_time_out_and_reconnect_losing_nothing(tmp_path: Any
             # hang: the 10 s open timeout; then backoff delays of up to 2, 4, 8 and 16 s.
             await proxy.wait_connections(len(modes) + 1, timeout=120)
             assert (await status(cp, cid, timeout=120))["status"] == "completed"
-            hb = await next_heartbeat(cp)
+            hb = await drained_heartbeat(cp)
             check_run(
                 cp,
                 "run-1",
