@@ -26,6 +26,21 @@ def _wait(browser: Any, condition: Any, what: str, timeout: float = 90) -> Any:
     return WebDriverWait(browser, timeout, ignored_exceptions=(Exception,)).until(condition, what)
 
 
+def _click_until_noticed(browser: Any, selector: str, notice: str, tries: int = 3) -> None:
+    """Click until the page's notice says the command was queued: a click that lands while the page
+    re-renders its instance list can be lost (seen once), and a lost click is not what is tested."""
+    from selenium.common.exceptions import TimeoutException
+
+    for _ in range(tries):
+        browser.find_element("css selector", selector).click()
+        try:
+            _wait(browser, lambda b: notice in b.find_element("css selector", "#notice").text, notice, timeout=15)
+            return
+        except TimeoutException:
+            continue
+    raise AssertionError(f"{selector}: the page never said {notice!r}")
+
+
 def _texts(browser: Any, selector: str) -> list[str]:
     return [e.text for e in browser.find_elements("css selector", selector)]
 
@@ -103,7 +118,7 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
         assert (workdir / "workspace" / "from-dev.txt").read_text() == "made in step"
 
         # Stopped from the browser: the terminal says so and ends cleanly.
-        await asyncio.to_thread(lambda: browser.find_element("css selector", "#stop-driver").click())
+        await asyncio.to_thread(_click_until_noticed, browser, "#stop-driver", "session.stop queued")
         await screen.wait_for("[console] session.stop: the driver is stopping")
         await screen.wait_for("[dev] the driver stopped cleanly")
         async with asyncio.timeout(30):
