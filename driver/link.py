@@ -53,7 +53,7 @@ def check_transport(control: ControlConfig) -> None:
         raise TransportRefused("control.url has no host")
     if parts.username or parts.password or "token" in (parts.query or "").lower():
         raise TransportRefused("control.url must not carry credentials (the token goes in a header)")
-    if parts.scheme == "ws" and not control.insecure_transport and not _is_loopback(parts.hostname):
+    if parts.scheme == "ws" and not control.insecure_transport and not is_loopback(parts.hostname):
         raise TransportRefused("control.url uses ws:// to a non-loopback host (set insecure_transport to allow)")
     if parts.scheme == "wss" and control.ca_file:
         # Loaded once here so a missing or unparsable file is a configuration error (exit 78), not a
@@ -66,7 +66,8 @@ def check_transport(control: ControlConfig) -> None:
             raise TransportRefused("control.ca_file holds no usable PEM certificate") from None
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or `localhost`; names are not resolved (a name could point anywhere)."""
     if host == "localhost":
         return True
     try:

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def is_loopback(host: str) -> bool:
-    """True for a loopback address or `localhost`; names are not resolved (a name could point anywhere)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+from driver.link import is_loopback as is_loopback  # one loopback rule, the driver's (re-exported)
 
 
 @dataclass(frozen=True)
