@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import signal
 import statistics
@@ -29,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 
+from driver import logs
 from tests.integration.harness import INSTANCE, control_plane
 from tests.kernel import runtimes
 from tests.kernel.support import TERMINALS, Driver, children
@@ -211,7 +210,7 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="case names containing any of these words")
     args = parser.parse_args(argv)
     # Only the table on stdout: the control plane's info logs go nowhere.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    logs.configure("warning")
     cases = [c for c in CASES if not args.only or any(w in c.name for w in args.only)]
     rows: list[Row] = []
     started = time.perf_counter()

@@ -1,8 +1,8 @@
 """Cold start (process spawn to `hello` received by the control plane), idle RSS and idle CPU.
 
 The control plane runs in this process and notes the moment it decodes each `hello`. The driver is
-the real `agent-driver run` process with the stubborn ACP agent as provider (started in parallel with
-the link, as always). Baseline, in the same run: the minimal dialer (driver/evidence/dialer.py), a
+the real `agent-driver run` process with the stubborn ACP agent as provider (started once the first
+`hello` is out, as always). Baseline, in the same run: the minimal dialer (driver/evidence/dialer.py), a
 Python process that imports the same `websockets` client, `msgspec` and `anyio`, dials the same
 control plane and sends one `hello`: spawn → that `hello` decoded, timed exactly like the driver's.
 Also the RSS of a Python process that imported the same three libraries.
@@ -25,8 +25,9 @@ import anyio
 
 from bench._common import INSTANCE, ROOT, TOKEN, cpu_seconds, driver_env, goal, median, rss_mb, table
 from bench._common import boot_payload as make_payload
+from driver.evidence.startup import compile_bytecode
 
-RUNS = 7
+RUNS = 11
 IDLE_SECONDS = 4.0
 BASELINE_IMPORTS = "import websockets, msgspec, anyio"
 DIALER_INSTANCE = "drv-bench-dialer"
@@ -83,6 +84,7 @@ async def _main() -> None:
     from driver.protocol.frames import Hello
 
     logs.configure("error")
+    print("bytecode:", compile_bytecode())
     base_ms: list[float] = []
     base_rss = _baseline_rss()
     hello_ms: list[float] = []
@@ -100,12 +102,13 @@ async def _main() -> None:
                 return frame
 
             cp._decode = timed_decode  # type: ignore[method-assign]
+            proc: subprocess.Popen[bytes] | None = None
+            # Interleaved, one dialer start then one driver start per round: a noisy machine slows
+            # both alike instead of whichever block of runs it happened to fall on.
             for n in range(1, RUNS + 1):
                 seen.clear()
                 spawned = await anyio.to_thread.run_sync(_dial, cp.url, n)
                 base_ms.append((seen[0] - spawned) * 1000)
-            proc: subprocess.Popen[bytes] | None = None
-            for n in range(1, RUNS + 1):
                 seen.clear()
                 t0 = time.perf_counter()
                 proc = _spawn(tmp, cp.url, n)

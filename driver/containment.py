@@ -26,7 +26,6 @@ Two mechanisms, one per way a driver can end:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -35,6 +34,8 @@ import subprocess
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+import msgspec
 
 from driver import logs
 
@@ -240,13 +241,13 @@ class ProcessRecord:
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(list(self._entries.values())))
+        tmp.write_bytes(msgspec.json.encode(list(self._entries.values())))
         tmp.replace(self.path)
 
     def read(self) -> list[dict[str, int]]:
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            data = msgspec.json.decode(self.path.read_bytes())
+        except (OSError, msgspec.DecodeError):
             return []
         return [e for e in data if isinstance(e, dict) and {"pid", "pgid", "start"} <= e.keys()]
 

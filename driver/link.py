@@ -10,12 +10,12 @@ import ipaddress
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
@@ -85,8 +85,7 @@ def ssl_context(control: ControlConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-@dataclass
-class LinkHooks:
+class LinkHooks(msgspec.Struct):
     hello: Callable[[], bytes]
     heartbeat: Callable[[], bytes]
     on_welcome: Callable[[Welcome], Awaitable[None]]
@@ -113,6 +112,10 @@ class Link:
         self._ws: ClientConnection | None = None
         self._send_lock = anyio.Lock()
         self.connected = anyio.Event()
+        # Set once the first dial ended: `hello` sent, or the dial failed. The kernel starts its
+        # provider after it, so the control plane hears from a new driver before the provider's
+        # imports and spawn take the event loop (issue 10's spawn → hello).
+        self.first_dial_done = anyio.Event()
         self.reconnects = 0
         self.batches = BatchLimit(MAX_FRAME_BYTES)
 
@@ -165,16 +168,21 @@ class Link:
                 compression=None,
             )
         except InvalidStatus as exc:
+            self.first_dial_done.set()
             status = exc.response.status_code
             log.warning("link.refused", http_status=status)
             code = {401: 4401, 403: 4403}.get(status)
             return self.core.closed(code, self._clock())
         except (OSError, InvalidHandshake, TimeoutError) as exc:
+            self.first_dial_done.set()
             log.info("link.dial_failed", error=type(exc).__name__, detail=str(exc)[:200])
             return self.core.closed(None, self._clock())
         self._ws = ws
         try:
-            await ws.send(self._hooks.hello(), text=True)
+            try:
+                await ws.send(self._hooks.hello(), text=True)
+            finally:
+                self.first_dial_done.set()
             self.core.connected(self._clock())
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watchdog, ws, tg.cancel_scope)

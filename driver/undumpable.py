@@ -10,14 +10,15 @@ are unaffected.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The running interpreter's own symbols, libc's among them: `ctypes.util.find_library` would
+    # spawn `ldconfig -p` / scan the library paths, milliseconds of every driver's start.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def make_undumpable() -> None:

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 
 import anyio
 import msgspec
-import structlog
 
+from driver import logs
 from driver.adapters import acp_fs, acp_permissions, acp_prompt, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_opening import AcpSessionOpener
@@ -37,7 +37,7 @@ from driver.adapters.registry import CAPABILITIES
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 CANCEL_RESENDS = 3
 CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import anyio
 import msgspec
-import structlog
 
+from driver import logs
 from driver.adapters import acp_fs, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalManager, TerminalStreams
@@ -32,7 +32,7 @@ from driver.adapters.process import ProviderProcess
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.ports.mcp_host import McpHostServer
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 T = TypeVar("T")
 
 REFUSED = object()  # what _try_call returns for a refused request

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
-
+from driver import logs
 from driver.adapters import acp_models as m
 from driver.adapters import acp_session, acp_state
 from driver.adapters.acp_client import REFUSED, AcpClient
 from driver.adapters.base import ProviderError
 from driver.adapters.jsonrpc import JsonRpcError
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 
 class AcpSessionOpener(AcpClient):

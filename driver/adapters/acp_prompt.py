@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from driver import logs
 from driver.adapters import acp_models as m
 from driver.adapters import acp_session, attachments
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import ProviderError, TurnOutcome
 from driver.protocol.commands import RunInput
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 FAILED_STOP_REASONS: frozenset[str] = frozenset({"max_tokens", "max_turn_requests", "refusal"})
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 import anyio
 
+from driver import capabilities
 from driver.interfaces import (
     EventPort,
     FilePort,
@@ -32,18 +33,8 @@ from driver.interfaces import (
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
 
-# Capability ids a provider may declare (PROTOCOL hello.capabilities).
-CAPABILITIES: tuple[str, ...] = (
-    "text_stream",
-    "thinking_stream",
-    "tool_stream",
-    "permission_request",
-    "native_resume",
-    "usage",
-    "host_tools",
-    "file_change",
-    "session_state",  # session.mode.updated / session.config.updated / session.commands.updated
-)
+# Capability ids a provider may declare (PROTOCOL hello.capabilities): driver/capabilities.py.
+CAPABILITIES = capabilities.ALL
 
 # Re-exported: adapters and their tests import the port types from here.
 __all__ = [

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-import structlog
 
+from driver import logs
 from driver.adapters import attachments, codex_files, codex_notices, codex_requests, instructions
 from driver.adapters.base import (
     Adapter,
@@ -44,7 +44,7 @@ from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 RUNTIME = "openai-app-server"
 

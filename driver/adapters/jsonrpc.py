@@ -21,9 +21,10 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
-import structlog
 
-log = structlog.get_logger(__name__)
+from driver import logs
+
+log = logs.get(__name__)
 
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602

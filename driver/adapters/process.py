@@ -28,12 +28,11 @@ from subprocess import PIPE
 
 import anyio
 import anyio.abc
-import structlog
 
-from driver import containment
+from driver import containment, logs
 from driver.adapters.base import ProviderError
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 # Names of variables whose values are credentials; matched as substrings of the upper-cased name.
 _SECRET_MARKERS: tuple[str, ...] = ("KEY", "TOKEN", "SECRET", "PASSWORD")

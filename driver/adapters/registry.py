@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from driver import capabilities
 from driver.adapters.base import Adapter
 
 ADAPTERS: dict[str, str] = {
@@ -13,19 +14,9 @@ ADAPTERS: dict[str, str] = {
 }
 
 
-_STREAMS = frozenset({"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage"})
-
-# What each runtime's adapter declares, readable without importing it (the `hello` frame is built
-# before any provider SDK is loaded). tests/adapters/test_registry.py keeps it equal to the classes'.
-CAPABILITIES: dict[str, frozenset[str]] = {
-    "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
-    "openai-app-server": _STREAMS | {"host_tools", "file_change"},
-    "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
-}
-
-
-def capabilities_of(runtime: str) -> frozenset[str]:
-    return CAPABILITIES.get(runtime, frozenset())
+# What each runtime's adapter declares, readable without importing it: driver/capabilities.py.
+CAPABILITIES = capabilities.BY_RUNTIME
+capabilities_of = capabilities.capabilities_of
 
 
 def adapter_class(runtime: str) -> type[Adapter]:

@@ -9,13 +9,13 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from websockets.exceptions import ConnectionClosed
 
+from driver import logs
 from driver.controlplane.link import CLOSE_TERMINATED, Link
 from driver.controlplane.store import Store
 
-log = structlog.get_logger("agent_driver.controlplane")
+log = logs.get("agent_driver.controlplane")
 
 if TYPE_CHECKING:
     pass

@@ -11,12 +11,12 @@ import http
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from driver import logs
 from driver.controlplane.link import (
     ABORT,
     CLOSE_FORBIDDEN,
@@ -40,7 +40,7 @@ from driver.protocol.frames import (
     encode,
 )
 
-log = structlog.get_logger("agent_driver.controlplane")
+log = logs.get("agent_driver.controlplane")
 
 if TYPE_CHECKING:
     pass

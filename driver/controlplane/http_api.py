@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
-import structlog
 
+from driver import logs
 from driver.controlplane.console.httpio import MAX_HEAD, HttpError, Request, read_request, respond_json
 from driver.controlplane.link import sendable_close_code
 from driver.controlplane.store import CommandExists
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from driver.controlplane.console.routes import Console
     from driver.controlplane.server import ControlPlane
 
-log = structlog.get_logger("agent_driver.controlplane.http")
+log = logs.get("agent_driver.controlplane.http")
 
 MAX_BODY = 1024 * 1024
 DEFAULT_EVENT_LIMIT = 1000

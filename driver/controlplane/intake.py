@@ -9,9 +9,9 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import msgspec
-import structlog
 from websockets.exceptions import ConnectionClosed
 
+from driver import logs
 from driver.controlplane.faults import FAULT_REJECT_CODE
 from driver.controlplane.link import CLOSE_PROTOCOL, CLOSE_TOO_BIG, Link
 from driver.controlplane.store import Store
@@ -29,7 +29,7 @@ from driver.protocol.frames import (
     encode,
 )
 
-log = structlog.get_logger("agent_driver.controlplane")
+log = logs.get("agent_driver.controlplane")
 
 if TYPE_CHECKING:
     pass

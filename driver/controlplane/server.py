@@ -20,9 +20,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
-import structlog
 from websockets.asyncio.server import Server, serve
 
+from driver import logs
 from driver.controlplane.command_queue import CommandQueue
 from driver.controlplane.faults import Faults
 from driver.controlplane.handshake import LinkHandling
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from driver.controlplane.console.config import ConsoleConfig
     from driver.controlplane.http_api import HttpListener
 
-log = structlog.get_logger("agent_driver.controlplane")
+log = logs.get("agent_driver.controlplane")
 
 R = TypeVar("R")
 

@@ -13,22 +13,15 @@ import signal
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
 from driver import __version__, logs
-from driver.adapters.base import CAPABILITIES, Adapter, Ports
-from driver.adapters.registry import capabilities_of
-from driver.kernel.commands import CommandDesk
-from driver.kernel.lifecycle import Lifecycle
+from driver.capabilities import ALL as CAPABILITIES
+from driver.capabilities import capabilities_of
 from driver.kernel.options import KernelOptions, project_root
-from driver.kernel.provider import ProviderRoom
-from driver.kernel.runpath import RunPath
-from driver.ports.files import AllowedRoots
-from driver.ports.host_tools import HostToolBroker
-from driver.ports.permissions import PermissionBroker
 from driver.protocol.boot import BootPayload
 from driver.protocol.events import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -50,23 +43,63 @@ from driver.protocol.frames import (
     Welcome,
     encode,
 )
-from driver.protocol.link import CloseReaction
 from driver.queue.journal import Journal
 from driver.queue.outbox import FinalRejection, Outbox, utc_now
-from driver.runs import Run
 from driver.states import StateMachine, Trigger
-from driver.supervision import CrashWindow
-from driver.supervisor import ProviderSupervisor
-from driver.telemetry.room import TelemetryRoom
+
+if TYPE_CHECKING:
+    # The rooms are imported by `driver.kernel.rooms` once the first hello is out (see `serve`).
+    from driver.adapters.base import Adapter, Ports
+    from driver.kernel.commands import CommandDesk
+    from driver.kernel.lifecycle import Lifecycle
+    from driver.kernel.provider import ProviderRoom
+    from driver.kernel.runpath import RunPath
+    from driver.link import Link
+    from driver.ports.files import AllowedRoots
+    from driver.ports.host_tools import HostToolBroker
+    from driver.ports.permissions import PermissionBroker
+    from driver.protocol.link import CloseReaction
+    from driver.runs import Run
+    from driver.supervisor import ProviderSupervisor
+    from driver.telemetry.room import TelemetryRoom
 
 log = logs.get("driver.kernel")
+
+# How long the rooms wait for the first dial to end before they are built anyway (see `serve`).
+HELLO_FIRST_S = 0.25
 
 # Events the provider room watches: they move the current native ref or the transcript.
 _OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "message.completed"})
 
 
 class Kernel:
-    def __init__(self, boot: BootPayload, *, started_at: float, options: KernelOptions | None = None) -> None:
+    """Built in two steps. The constructor opens what the first `hello` needs (the journal, this
+    process's epoch, the outbox, the state machine). `assemble` imports and builds the rest (ports,
+    rooms, supervisor, telemetry). With `assemble=False` (`agent-driver run`), `serve` dials first
+    and assembles once that `hello` is out, so the control plane hears from a new driver before tens
+    of milliseconds of imports and the provider's spawn; the default builds all at once (benches and
+    tests that drive a kernel's parts without `serve`)."""
+
+    # Built by `assemble` (driver/kernel/rooms.py).
+    permissions: PermissionBroker
+    host_tools: HostToolBroker
+    files: AllowedRoots
+    ports: Ports
+    commands: CommandDesk
+    runs: RunPath
+    provider: ProviderRoom
+    lifecycle: Lifecycle
+    telemetry: TelemetryRoom
+    supervisor: ProviderSupervisor
+
+    def __init__(
+        self,
+        boot: BootPayload,
+        *,
+        started_at: float,
+        options: KernelOptions | None = None,
+        assemble: bool = True,
+    ) -> None:
         self.boot = boot
         self.options = options or KernelOptions.from_env(os.environ)
         self.project_root = project_root()
@@ -87,54 +120,30 @@ class Kernel:
         self.run: Run | None = None
         self.exit_status: int | None = None
         self.done = anyio.Event()
+        self.assembled = anyio.Event()  # the rooms are built
+        self.ready = anyio.Event()  # ... and recovery is done: the link's hooks may go on
         self.last_activity = time.monotonic()
         self.stopping = False
-        self.link: Any = None
+        self.link: Link | None = None
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES  # until a welcome says otherwise (§4.3)
         self._tg: anyio.abc.TaskGroup | None = None
-        ex = boot.execution
-        self.permissions = PermissionBroker(
-            self.emit,
-            policy=ex.permission_policy,
-            timeout_ms=ex.permission_timeout_ms,
-            id_prefix=f"prm-{self.epoch}",
-            on_pending_change=self._permission_pending_changed,
-        )
-        self.host_tools = HostToolBroker(
-            self.emit,
-            id_prefix=f"htc-{self.epoch}",
-            current_run=lambda: self.run.run_id if self.run else None,
-            known={t.name for t in ex.host_tools},
-            timeout_s=ex.host_tool_timeout_ms / 1000.0,
-        )
-        roots = [boot.session.memory_dir, *boot.session.additional_directories]
-        self.files = AllowedRoots(boot.session.cwd, roots)
-        self.ports = Ports(self, self.permissions, self.host_tools, self.files)
+        self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
-        self.capabilities = capabilities_of(ex.runtime)
-        self.commands = CommandDesk(self)
-        self.runs = RunPath(self)
-        self.provider = ProviderRoom(self)
-        self.lifecycle = Lifecycle(self)
-        self.telemetry = TelemetryRoom(self)
-        opts = self.options
-        self.supervisor = ProviderSupervisor(
-            self.provider.new_adapter,
-            self.emit,
-            start_timeout_s=opts.provider_start_timeout_s,
-            stop_timeout_s=opts.provider_stop_timeout_s,
-            crashes=CrashWindow(
-                limit=opts.crash_loop_limit,
-                window_s=opts.crash_loop_window_s,
-                backoff_base_s=opts.restart_backoff_base_s,
-                backoff_cap_s=opts.restart_backoff_cap_s,
-            ),
-            on_ready=self._provider_ready,
-            on_lost=lambda: self.fire("provider_lost"),
-            on_exited=self.provider.provider_exited,
-            on_starting=self.telemetry.provider_starting,
-            on_started=self.telemetry.provider_started,
-        )
+        self.capabilities = capabilities_of(boot.execution.runtime)
+        if assemble:
+            self.assemble()
+            self.ready.set()  # no `serve`-driven start: nothing to wait for
+
+    def assemble(self) -> None:
+        """Import and build the ports, the rooms, the supervisor and the telemetry room."""
+        if self.assembled.is_set():
+            return
+        from driver.kernel import rooms
+
+        rooms.assemble(self)
+        if self._hello_at is not None:
+            self.telemetry.hello_sent(at=self._hello_at)
+        self.assembled.set()
 
     @property
     def adapter(self) -> Adapter:
@@ -157,7 +166,7 @@ class Kernel:
         """Something happened: the idle clock starts again."""
         self.last_activity = time.monotonic()
 
-    def _provider_ready(self) -> None:
+    def provider_ready(self) -> None:
         self.fire("provider_ready")
         self.provider.on_ready()
 
@@ -198,14 +207,17 @@ class Kernel:
         else:
             log.debug("state.ignored", trigger=trigger, state=self.state.state)
 
-    def _permission_pending_changed(self, pending: int) -> None:
+    def permission_pending_changed(self, pending: int) -> None:
         self.fire("permission_pending" if pending else "permission_settled")
 
     # -- frames ---------------------------------------------------------------------------------------
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
         caps = [Capability(c, c in self.capabilities) for c in CAPABILITIES]
-        self.telemetry.hello_sent()
+        if self.assembled.is_set():
+            self.telemetry.hello_sent()
+        elif self._hello_at is None:
+            self._hello_at = time.monotonic()  # given to the telemetry room when it is built
         return encode(
             Hello(
                 protocol=PROTOCOL_VERSION,
@@ -238,18 +250,23 @@ class Kernel:
                     oldest_pending_age_ms=s.oldest_pending_age_ms,
                     retries=s.retries,
                 ),
-                activity=self.telemetry.heartbeat_activity(),
+                activity=self.telemetry.heartbeat_activity() if self.assembled.is_set() else None,
             )
         )
 
+    # The link may deliver these before the rooms are built and recovery is done (it starts first):
+    # each waits, which holds the link's reader for those few milliseconds, never longer.
     async def on_welcome(self, welcome: Welcome) -> None:
         self.max_event_bytes = event_limit(welcome)
+        await self.ready.wait()
         self.telemetry.on_welcome()
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+        await self.ready.wait()
         await self.commands.on_command(head, raw)
 
     async def on_final_rejections(self, finals: list[FinalRejection]) -> None:
+        await self.ready.wait()
         for f in finals:
             log.error(
                 "event.rejected", event_id=f.event_id, kind=f.kind, code=f.rejection.code, message=f.rejection.message
@@ -290,11 +307,22 @@ class Kernel:
         self.link = link
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            self.supervisor.bind(tg)
             tg.start_soon(self.outbox.run)
-            await self.lifecycle.recover()
+            if self.assembled.is_set():
+                # Built at once: recover before the link starts, the hooks do not wait.
+                await self._open(tg)
+                tg.start_soon(self._watch_link, link)
+            else:
+                tg.start_soon(self._watch_link, link)
+                # The hello first: the rooms' imports and the provider's spawn hold the loop for
+                # tens of ms, the dial needs it for a few. Bounded, so a control plane that does not
+                # answer (a dial that hangs rather than fails) never holds the driver back long.
+                with anyio.move_on_after(HELLO_FIRST_S):
+                    await link.first_dial_done.wait()
+                self.assemble()
+                await self._open(tg)
+                self.ready.set()
             tg.start_soon(self.provider.boot)
-            tg.start_soon(self._watch_link, link)
             tg.start_soon(self._watch_signals)
             tg.start_soon(self.lifecycle.idle_exit)
             tg.start_soon(self.telemetry.run)
@@ -309,8 +337,13 @@ class Kernel:
         self.journal.close()
         return self.exit_status if self.exit_status is not None else 0
 
-    async def _watch_link(self, link: Any) -> None:
+    async def _open(self, tg: anyio.abc.TaskGroup) -> None:
+        self.supervisor.bind(tg)
+        await self.lifecycle.recover()
+
+    async def _watch_link(self, link: Link) -> None:
         reaction: CloseReaction = await link.run()
+        await self.ready.wait()
         log.warning("link.fatal", reason=reaction.reason, exit_status=reaction.exit_status)
         if reaction.exit_status == 0:
             await self.stop(reason=reaction.reason, requested_by="control_plane", drain=False)

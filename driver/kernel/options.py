@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from driver.supervision import (
     CRASH_LOOP_LIMIT,
@@ -34,8 +35,7 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-@dataclass(frozen=True)
-class KernelOptions:
+class KernelOptions(msgspec.Struct, frozen=True):
     cancel_interrupt_grace_s: float = CANCEL_INTERRUPT_GRACE_S
     cancel_term_grace_s: float = CANCEL_TERM_GRACE_S
     stop_drain_timeout_s: float = STOP_DRAIN_TIMEOUT_S

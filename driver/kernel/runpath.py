@@ -163,9 +163,7 @@ class RunPath:
         after = await anyio.to_thread.run_sync(side_effects.snapshot, cwd, self.scan_exclusions())
         before = run.files_before or side_effects.TreeSnapshot()
         me = os.getpid()
-        left = [
-            p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before
-        ]
+        left = [p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before]
         return {
             "files_changed": side_effects.files_changed(before, after),
             "processes_left": left,

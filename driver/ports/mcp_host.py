@@ -25,12 +25,12 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
-import structlog
 
+from driver import logs
 from driver.interfaces import HostToolPort
 from driver.protocol.boot import HostTool
 
-log = structlog.get_logger(__name__)
+log = logs.get(__name__)
 
 SERVER_NAME = "host"
 PROTOCOL_VERSION = "2025-06-18"

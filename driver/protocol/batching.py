@@ -10,14 +10,13 @@ further 1009 means the oldest event cannot be delivered at all: it is finally re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 MIN_BATCH_BYTES = 4096
 FRAME_ALLOWANCE = 1024  # the frame's own envelope, under the hard frame limit
 
 
-@dataclass
-class BatchLimit:
+class BatchLimit(msgspec.Struct):
     hard_limit: int
     cap: int | None = None  # set by 1009s, for the life of the link
     largest_sent: int = 0  # on the current connection

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 
@@ -20,8 +19,7 @@ STREAM_KEY: dict[str, str] = {
 }
 
 
-@dataclass(slots=True)
-class BestEffortEvent:
+class BestEffortEvent(msgspec.Struct):
     seq: int
     event_id: str
     run_id: str | None

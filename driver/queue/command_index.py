@@ -7,13 +7,12 @@ its own commits, so every read is a dict lookup. No I/O here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
-@dataclass(frozen=True, slots=True)
-class StoredCommand:
+class StoredCommand(msgspec.Struct, frozen=True):
     command_id: str
     seq: int
     fingerprint: str

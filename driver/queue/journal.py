@@ -11,7 +11,6 @@ connection is shared between that thread and the event loop.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -19,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+import msgspec
 
 from driver.queue.command_index import CommandIndex, StoredCommand
 from driver.queue.schema import (
@@ -311,7 +312,7 @@ class Journal:
             ).fetchone()
         if row is None:
             return None
-        error = json.loads(row[3]) if row[3] else None
+        error = msgspec.json.decode(row[3]) if row[3] else None
         return EndedRun(str(row[0]), str(row[1]), str(row[2]), error if isinstance(error, dict) else None)
 
     # -- texts and the transcript (PROTOCOL §8) --------------------------------------------------------

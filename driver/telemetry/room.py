@@ -124,8 +124,8 @@ class TelemetryRoom:
         return env
 
     # -- hooks the kernel calls -------------------------------------------------------------------
-    def hello_sent(self) -> None:
-        self.timings.hello_sent()
+    def hello_sent(self, at: float | None = None) -> None:
+        self.timings.hello_sent(at)
         self._wake_soon()
 
     def heartbeat_activity(self) -> HeartbeatActivity | None:

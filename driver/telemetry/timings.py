@@ -75,10 +75,12 @@ class Timings:
         return out
 
     # -- phases ------------------------------------------------------------------------------------
-    def hello_sent(self) -> None:
+    def hello_sent(self, at: float | None = None) -> None:
+        """`at`: when it was sent (monotonic), if that was before this object existed."""
         if not self._hello_done:
             self._hello_done = True
-            self._add("hello", self._ms(), "cold" if self._cold else "warm")
+            ms = self._ms() if at is None else round((at - self._t0) * 1000, 1)
+            self._add("hello", ms, "cold" if self._cold else "warm")
 
     def provider_starting(self, resume_wanted: str | None) -> None:
         self._start_mode = "cold" if self._cold else "warm"

@@ -30,11 +30,15 @@ async def _spawn(code: str, **kw: object) -> ProviderProcess:
     )
 
 
-def _cmdline(pid: int) -> bytes:
+def _ns_pid(pid: int) -> str:
+    """The process's pid in its innermost PID namespace (the last field of NSpid)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
+        for status_line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if status_line.startswith("NSpid:"):
+                return status_line.split()[-1]
     except OSError:
-        return b""
+        pass
+    return ""
 
 
 def in_group(pgid: int) -> list[int]:
@@ -119,8 +123,10 @@ async def test_terminate_escalates_to_sigkill_and_kills_the_group() -> None:
     with anyio.fail_after(10):
         line = await proc.stdout.receive()
     assert line.split()[0].isdigit()
-    # The pid printed is the one inside the provider's PID namespace; find the child from outside.
-    sleepers = [p for p in in_group(proc.pgid) if _cmdline(p) == b"sleep\x00300\x00"]
+    inner_pid = str(int(line.split()[0]))
+    # The pid printed is the one inside the provider's PID namespace; find the child from outside by
+    # its NSpid (its cmdline reads empty for a moment while its exec is still under way).
+    sleepers = [p for p in in_group(proc.pgid) if _ns_pid(p) == inner_pid]
     assert len(sleepers) == 1
     child_pid = sleepers[0]
     # A pidfd becomes readable when the (non-child) process exits: an event, not a poll.

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -165,12 +166,23 @@ class LineReader:
         self._queue.put(None)
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first line so far that matches, in any order with other waits (two processes sharing
+        one terminal print their ready lines in whichever order they get there)."""
+        deadline = time.monotonic() + timeout
+        checked = 0
         while True:
-            line = self._queue.get(timeout=timeout)
-            assert line is not None, "the process ended before printing " + pattern.pattern + "\n" + "".join(self.lines)
-            found = pattern.search(line)
-            if found:
-                return found
+            seen = len(self.lines)
+            for line in self.lines[checked:seen]:
+                found = pattern.search(line)
+                if found:
+                    return found
+            checked = seen
+            # A new line (or the end) wakes us; the lines themselves are read from `self.lines`.
+            ended = self._queue.get(timeout=max(0.0, deadline - time.monotonic())) is None
+            if ended and checked == len(self.lines):
+                raise AssertionError(
+                    "the process ended before printing " + pattern.pattern + "\n" + "".join(self.lines)
+                )
 
 
 @dataclass

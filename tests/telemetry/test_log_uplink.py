@@ -7,8 +7,6 @@ import io
 import json
 from typing import Any
 
-import structlog
-
 from driver import logs
 from driver.telemetry.log_uplink import LINE_BURST, MIRROR_BURST, LogUplink, diagnostic_of, not_copied
 
@@ -23,7 +21,7 @@ class Clock:
 
 def line(uplink: LogUplink, name: str, level: str = "info", **fields: Any) -> None:
     uplink(
-        logs._NamedPrintLogger(io.StringIO(), name), level, {"event": "something.happened", "level": level, **fields}
+        logs.Logger(name), level, {"event": "something.happened", "level": level, **fields}
     )
 
 
@@ -109,4 +107,4 @@ def test_configured_uplink_sees_only_redacted_lines() -> None:
         assert "supersecret" not in out.getvalue()
     finally:
         logs.UPLINK = None
-        structlog.reset_defaults()
+        logs.configure("info")
