@@ -35,6 +35,11 @@ def _run_args(argv: list[str]) -> RunArgs | None:
 
 def _run(args: RunArgs | argparse.Namespace) -> int:
     t0 = time.monotonic()
+    import gc
+
+    # No cycle collection while the start allocates (imports, the journal, the dial): the kernel
+    # freezes what the start built and turns the collector back on once its rooms are up.
+    gc.disable()
     from driver.undumpable import make_undumpable
 
     # First, before the payload (and its token) is in memory: same-uid processes (the agent's tools)

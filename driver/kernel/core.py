@@ -8,6 +8,7 @@ admits them. The rooms hold the behaviour: `commands.CommandDesk`, `runpath.RunP
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -322,6 +323,12 @@ class Kernel:
                 self.assemble()
                 await self._open(tg)
                 self.ready.set()
+            if not gc.isenabled():
+                # `agent-driver run` starts with the collector off (fewer pauses on the way to
+                # hello). What the start built lives as long as the process: frozen, the
+                # collector never walks it again.
+                gc.freeze()
+                gc.enable()
             tg.start_soon(self.provider.boot)
             tg.start_soon(self._watch_signals)
             tg.start_soon(self.lifecycle.idle_exit)
