@@ -20,6 +20,10 @@ class EventIds:
         self._starts = array("q")  # first seq of each step, increasing
         self._epochs: list[int] = []  # the epoch from that seq on
         self._verbatim: dict[int, str] = {}  # seq → id, for ids not of the derived form
+        # The newest step, where nearly every lookup lands (receipts of this process's events):
+        # its first seq and its id prefix, so no bisection and no call per id.
+        self._last_start = -1
+        self._last_prefix = ""
 
     def add(self, seq: int, epoch: int) -> None:
         """Events from `seq` on (until a later step) were admitted by `epoch`. Seqs come increasing."""
@@ -29,6 +33,7 @@ class EventIds:
             raise ValueError(f"seq {seq} does not follow {self._starts[-1]}")
         self._starts.append(seq)
         self._epochs.append(epoch)
+        self._last_start, self._last_prefix = seq, f"{self.instance_id}/{epoch}/"
 
     def recover(self, seq: int, event_id: str) -> None:
         """A journaled event of an earlier process, in seq order: learn its epoch from its id."""
@@ -46,6 +51,8 @@ class EventIds:
         """The event_id of the pending event `seq`."""
         if self._verbatim and (kept := self._verbatim.get(seq)) is not None:
             return kept
+        if seq >= self._last_start >= 0:
+            return f"{self._last_prefix}{seq:06d}"  # event_id_for's form, inlined for the hot path
         step = bisect_right(self._starts, seq) - 1
         if step < 0:
             raise KeyError(seq)

@@ -142,8 +142,7 @@ class Outbox:
         await self._writer.run()
 
     async def flush(self) -> None:
-        """Make everything admitted so far durable, apply pending deletions and extend the seq
-        reservation when one is due."""
+        """Make everything admitted so far durable (and the deletions, and a due seq reservation)."""
         await self._writer.flush()
 
     def _journaled(self, rows: list[Row]) -> None:
@@ -166,31 +165,30 @@ class Outbox:
 
     # -- sending ------------------------------------------------------------------------------------
     async def wait_sendable(self) -> None:
-        while not self._has_sendable():
+        while not (self._index.next_ready() >= 0 or (self.link_up and len(self.best_effort) > 0)):
             self._sendable = anyio.Event()
             await self._sendable.wait()
-
-    def _has_sendable(self) -> bool:
-        return self._index.next_ready() >= 0 or (self.link_up and len(self.best_effort) > 0)
 
     def take_batch(self, max_events: int, max_bytes: int) -> Batch | None:
         """The next batch: ready lossless events oldest seq first, then buffered best-effort events."""
         index = self._index
         picked: list[int] = []  # indices into the pending index
         size = 0
+        # The next READY one after i is a memchr over the states (no compaction happens in here).
+        states, sizes = index.states, index.sizes
         i = index.next_ready()
         while i >= 0 and len(picked) < max_events:
-            event_size = index.sizes[i]
+            event_size = sizes[i]
             if picked and size + event_size + 64 > max_bytes:
                 break
             if not picked and event_size + 64 > max_bytes:
                 if not self._fit(i, max_bytes - 64):
-                    i = index.next_ready(i + 1)
+                    i = states.find(READY, i + 1)
                     continue  # finally rejected here: never sent again
-                event_size = index.sizes[i]
+                event_size = sizes[i]
             picked.append(i)
             size += event_size + 1
-            i = index.next_ready(i + 1)
+            i = states.find(READY, i + 1)
         loaded = self._bodies.get_many([index.seqs[i] for i in picked])
         bodies: list[bytes] = []
         sent: list[int] = []
@@ -264,10 +262,12 @@ class Outbox:
         finals: list[FinalRejection] = []
         index = self._index
         seqs = self._deliveries.answered(receipt.batch, receipt.accepted)
+        tag, settled = receipt.batch & 0xFFFFFFFF, 0
         i = -1
         for event_id in receipt.accepted:
             # Receipts list a batch's events in order: the previous one's neighbour is checked first.
             if (i := self._find_sent(event_id, i + 1)) >= 0:
+                settled += index.states[i] == IN_FLIGHT and index.batches[i] == tag
                 self._remove(i, "accepted")
         for event_id, rej in {r.event_id: r for r in receipt.rejected}.items():
             if (i := self._find_sent(event_id)) < 0:
@@ -283,8 +283,10 @@ class Outbox:
                 self.journal.delete([seq])
             elif index.states[i] == IN_FLIGHT:
                 self._deliveries.retry_later(i)
-        # Events of this batch in neither list were not stored: resend after a backoff.
-        self._deliveries.unanswered(receipt.batch, seqs)
+        # Events of this batch in neither list were not stored: resend after a backoff (none, when the
+        # receipt accepted the whole batch, the usual case: then the batch is not walked again).
+        if settled < len(seqs):
+            self._deliveries.unanswered(receipt.batch, seqs)
         self._sendable.set()
         index.compact()
         return finals
@@ -293,8 +295,7 @@ class Outbox:
         """The index of the pending event `event_id` names, or -1. Its seq is the id's last part, so
         no index by id is kept; the derived id must match exactly. An event not yet journaled was
         never sent, so a receipt naming it (a CP guessing ids) is ignored."""
-        seq = EventIds.seq_of(event_id)
-        if seq is None:
+        if (seq := EventIds.seq_of(event_id)) is None:
             return -1
         i = self._index.find(seq, hint)
         if i < 0 or self._index.states[i] == UNSYNCED or self._ids.of(seq) != event_id:
@@ -307,7 +308,7 @@ class Outbox:
         self._bodies.drop(seq)
         if self._terminals:
             self._terminals.pop(seq, None)
-        if self._waiters:
+        if self._waiters.waiters:
             self._waiters.resolve(self._ids.of(seq), outcome)
         self._ids.forget(seq)
         self._writer.delete(seq)

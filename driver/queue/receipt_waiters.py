@@ -9,27 +9,25 @@ import anyio
 
 class ReceiptWaiters:
     def __init__(self) -> None:
-        self._waiters: dict[str, anyio.Event] = {}
+        # Public so the outbox's removal path tests it without a call (it runs for every receipt).
+        self.waiters: dict[str, anyio.Event] = {}
         self._outcomes: dict[str, str] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._waiters)
 
     def watch(self, event_id: str) -> None:
         """Register interest in `event_id`'s receipt before it can possibly arrive."""
         if event_id not in self._outcomes:
-            self._waiters.setdefault(event_id, anyio.Event())
+            self.waiters.setdefault(event_id, anyio.Event())
 
     async def wait(self, event_id: str) -> str:
         """Wait until `event_id` was accepted or finally rejected; returns "accepted" or "rejected"."""
         self.watch(event_id)
-        waiter = self._waiters.get(event_id)
+        waiter = self.waiters.get(event_id)
         if waiter is not None:
             await waiter.wait()
         return self._outcomes.pop(event_id, "accepted")
 
     def resolve(self, event_id: str, outcome: str) -> None:
         """`event_id` left the outbox with `outcome`; wakes its waiter, if any."""
-        if (waiter := self._waiters.pop(event_id, None)) is not None:
+        if (waiter := self.waiters.pop(event_id, None)) is not None:
             self._outcomes[event_id] = outcome
             waiter.set()
