@@ -35,7 +35,7 @@ class PendingIndex:
     def _clear(self) -> None:
         self.seqs = array("q")
         self.sizes = array("I")  # encoded bytes; an event is at most a frame (4 MiB) or a journal blob
-        self.born = array("I")  # admission time, centiseconds since `origin` (497 days before it wraps)
+        self.born = array("I")  # admission time, centiseconds since the outbox began (held at 497 days)
         self.batches = array("I")  # the batch an IN_FLIGHT event went out in, modulo 2**32
         self.states = bytearray()
         self.attempts = bytearray()  # sends so far, capped at 255 (the backoff is capped long before)
