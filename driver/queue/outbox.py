@@ -196,8 +196,11 @@ class Outbox:
             seq = index.seqs[i]
             if (body := loaded.get(seq)) is None:
                 # Gone from the journal under us (nothing of ours deletes a pending event's row): it
-                # can never be sent, by this process or the next; say so rather than retry it forever.
-                log.error("event.body_missing", extra={"event_id": self._ids.of(seq)})
+                # can never be sent, by this process or the next. Reported like a final rejection
+                # (a log line and a diagnostic) rather than retried forever or dropped silently.
+                event_id, message = self._ids.of(seq), "its journal row is gone"
+                rejection = Rejection(event_id, "event.body_missing", message, False)
+                self.local_rejections.append(FinalRejection(event_id, "", None, rejection))
                 self._remove(i, "rejected")
                 continue
             bodies.append(body)

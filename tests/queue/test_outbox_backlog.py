@@ -198,3 +198,15 @@ async def test_retries_and_link_drops_across_compactions(journal: Journal) -> No
         box.on_receipt(Receipt(batch=again.number, accepted=ids[2:4]))
         await box.flush()
         assert box.pending_count == 0
+
+
+async def test_an_event_whose_journal_row_vanished_is_reported_not_retried_forever(journal: Journal) -> None:
+    box = Outbox(journal, INSTANCE, SESSION, 1, clock=Clock())
+    ids = await lossless(box, 2)
+    await box.flush()  # link down: the bodies are on disk only
+    journal.delete([1])  # behind the outbox's back (a damaged state_dir)
+    box.on_link_up()
+    assert ids_of(take(box)) == ids[1:]
+    [lost] = box.take_local_rejections()
+    assert (lost.event_id, lost.rejection.code, lost.rejection.retryable) == (ids[0], "event.body_missing", False)
+    assert box.pending_count == 1
