@@ -387,13 +387,4 @@ class Outbox:
         return self._index.live
 
     def describe(self) -> dict[str, Any]:
-        s = self.snapshot()
-        return {
-            "lossless_pending": s.lossless_pending,
-            "in_flight": s.in_flight,
-            "oldest_pending_seq": s.oldest_pending_seq,
-            "oldest_pending_age_ms": s.oldest_pending_age_ms,
-            "retries": s.retries,
-            "best_effort_dropped": s.best_effort_dropped,
-            "final_rejections": s.final_rejections,
-        }
+        return self.snapshot().describe()

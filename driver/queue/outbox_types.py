@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from driver.protocol.frames import Rejection
 from driver.queue.best_effort import BestEffortEvent
@@ -53,6 +54,18 @@ class OutboxStats:
     best_effort_dropped: int = 0
     best_effort_buffered: int = 0
     final_rejections: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        """The figures the link logs at every change of the link."""
+        return {
+            "lossless_pending": self.lossless_pending,
+            "in_flight": self.in_flight,
+            "oldest_pending_seq": self.oldest_pending_seq,
+            "oldest_pending_age_ms": self.oldest_pending_age_ms,
+            "retries": self.retries,
+            "best_effort_dropped": self.best_effort_dropped,
+            "final_rejections": self.final_rejections,
+        }
 
 
 @dataclass(slots=True)
