@@ -117,6 +117,7 @@ class Kernel:
             boot.session.id,
             self.epoch,
             max_events=self.options.outbox_max_events,
+            max_bytes=self.options.outbox_max_bytes,
         )
         self.run: Run | None = None
         self.exit_status: int | None = None

@@ -47,6 +47,7 @@ class KernelOptions(msgspec.Struct, frozen=True):
     crash_loop_limit: int = CRASH_LOOP_LIMIT
     crash_loop_window_s: float = CRASH_LOOP_WINDOW_S
     outbox_max_events: int = 100_000  # PROTOCOL §4.1's default bound on unreceipted lossless events
+    outbox_max_bytes: int = 256 * 1024 * 1024  # its other bound, on their encoded bytes (on disk)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:

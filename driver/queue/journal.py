@@ -184,13 +184,23 @@ class Journal:
             return out
 
     def pending(self) -> Iterator[tuple[int, str, str | None, str, int]]:
-        """(seq, event_id, run_id, kind, size) of every journaled event, oldest first, without bodies."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, event_id, run_id, kind, length(body) FROM outbox ORDER BY seq"
-            ).fetchall()
-        for seq, event_id, run_id, kind, size in rows:
-            yield int(seq), str(event_id), run_id, str(kind), int(size)
+        """(seq, event_id, run_id, kind, size) of every journaled event, oldest first, without bodies.
+
+        In chunks by seq: all rows at once peaked at ~300 MB for a million pending events, where the
+        outbox keeps ~22 bytes of each."""
+        after = -1
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT seq, event_id, run_id, kind, length(body) FROM outbox "
+                    "WHERE seq > ? ORDER BY seq LIMIT 8192",
+                    (after,),
+                ).fetchall()
+            for seq, event_id, run_id, kind, size in rows:
+                yield int(seq), str(event_id), run_id, str(kind), int(size)
+            if len(rows) < 8192:
+                return
+            after = int(rows[-1][0])
 
     def has_terminal(self, run_id: str) -> bool:
         with self._lock:

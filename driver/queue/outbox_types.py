@@ -1,16 +1,16 @@
-"""The outbox's records without behaviour: an entry's states, the entry, a batch, a final rejection,
-the statistics, the retry policy, and the event timestamp (`utc_now`). The outbox itself is `outbox`."""
+"""The outbox's records without behaviour: a batch, a final rejection, the statistics, the retry
+policy, and the event timestamp (`utc_now`). The outbox itself is `outbox`; the per-event state of
+pending events is `pending`."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from driver.protocol.frames import Rejection
 from driver.queue.best_effort import BestEffortEvent
-
-UNSYNCED, READY, IN_FLIGHT, WAITING = 0, 1, 2, 3
 
 _second_cache: tuple[int, str] = (-1, "")
 
@@ -26,20 +26,6 @@ def utc_now() -> str:
     if _second_cache[0] != second:
         _second_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     return f"{_second_cache[1]}.{int((now - second) * 1000):03d}Z"
-
-
-@dataclass(slots=True)
-class _Entry:
-    seq: int
-    event_id: str
-    run_id: str | None
-    kind: str
-    size: int
-    body: bytes | None
-    admitted_at: float
-    state: int = UNSYNCED
-    attempts: int = 0
-    batch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +54,18 @@ class OutboxStats:
     best_effort_dropped: int = 0
     best_effort_buffered: int = 0
     final_rejections: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        """The figures the link logs at every change of the link."""
+        return {
+            "lossless_pending": self.lossless_pending,
+            "in_flight": self.in_flight,
+            "oldest_pending_seq": self.oldest_pending_seq,
+            "oldest_pending_age_ms": self.oldest_pending_age_ms,
+            "retries": self.retries,
+            "best_effort_dropped": self.best_effort_dropped,
+            "final_rejections": self.final_rejections,
+        }
 
 
 @dataclass(slots=True)

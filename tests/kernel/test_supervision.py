@@ -101,6 +101,12 @@ def test_bounds_from_environment() -> None:
     assert opts.provider_start_timeout_s == 60.0  # untouched defaults stay
     defaults = KernelOptions.from_env({})
     assert (defaults.cancel_interrupt_grace_s, defaults.cancel_term_grace_s) == (5.0, 3.0)
+    # The outbox's two bounds are set apart: raising the event bound leaves the byte bound as it was.
+    assert (defaults.outbox_max_events, defaults.outbox_max_bytes) == (100_000, 256 << 20)
+    raised = KernelOptions.from_env({"AGENT_DRIVER_OUTBOX_MAX_EVENTS": "1000000"})
+    assert (raised.outbox_max_events, raised.outbox_max_bytes) == (1_000_000, 256 << 20)
+    both = KernelOptions.from_env({"AGENT_DRIVER_OUTBOX_MAX_BYTES": str(1 << 30)})
+    assert both.outbox_max_bytes == 1 << 30
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(EnvOptionError, match="AGENT_DRIVER_CANCEL_GRACE_MS"):
             options_from_env({"AGENT_DRIVER_CANCEL_GRACE_MS": bad})

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import anyio
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from driver.protocol.frames import Receipt, Rejection, encode_events_frame
 from driver.queue.best_effort import BestEffortBuffer
 from driver.queue.journal import Journal
 from driver.queue.outbox import Outbox, RetryPolicy
+from driver.queue.pending import PendingIndex
 
 # Ids of realistic length (the boot schema allows 128 chars): batch size limits must count them.
 INSTANCE = "drv-01JD" + "7" * 56
@@ -384,9 +386,17 @@ async def _scenario(root: Path, script: list[Op], resident_cap: int = 8 << 20, m
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(st.lists(ops, min_size=1, max_size=60), st.sampled_from([8 << 20, 1000]), st.sampled_from([100_000, 3]))
-def test_outbox_against_a_model_control_plane(script: list[Op], resident_cap: int, max_events: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+@given(
+    st.lists(ops, min_size=1, max_size=60),
+    st.sampled_from([8 << 20, 1000]),
+    st.sampled_from([100_000, 3]),
+    # The pending index compacts from 4096 entries on; 2 makes these short scripts compact often.
+    st.sampled_from([4096, 2]),
+)
+def test_outbox_against_a_model_control_plane(
+    script: list[Op], resident_cap: int, max_events: int, compact_min: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp, patch.object(PendingIndex, "compact_min", compact_min):
         anyio.run(_scenario, Path(tmp), script, resident_cap, max_events)
 
 
