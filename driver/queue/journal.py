@@ -15,7 +15,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,8 +43,7 @@ class JournaledEvent(NamedTuple):
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class EndedRun:
+class EndedRun(msgspec.Struct, frozen=True):
     """A run whose terminal was journaled: its kind and, for `run.failed`, the error payload."""
 
     run_id: str

@@ -5,9 +5,10 @@ pending events is `pending`."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+import msgspec
 
 from driver.protocol.frames import Rejection
 from driver.queue.best_effort import BestEffortEvent
@@ -28,24 +29,21 @@ def utc_now() -> str:
     return f"{_second_cache[1]}.{int((now - second) * 1000):03d}Z"
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(msgspec.Struct, frozen=True):
     number: int
     frame_events: list[bytes]
     lossless_seqs: list[int]
     best_effort: list[BestEffortEvent]
 
 
-@dataclass(frozen=True, slots=True)
-class FinalRejection:
+class FinalRejection(msgspec.Struct, frozen=True):
     event_id: str
     kind: str
     run_id: str | None
     rejection: Rejection
 
 
-@dataclass(slots=True)
-class OutboxStats:
+class OutboxStats(msgspec.Struct):
     lossless_pending: int = 0
     in_flight: int = 0
     oldest_pending_seq: int | None = None
@@ -68,8 +66,7 @@ class OutboxStats:
         }
 
 
-@dataclass(slots=True)
-class RetryPolicy:
+class RetryPolicy(msgspec.Struct):
     """Capped exponential backoff for unreceipted lossless events (injectable for tests)."""
 
     receipt_timeout: float = 10.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import msgspec
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -58,8 +58,8 @@ TRANSCRIPT_MAX_BYTES = 64 * 1024
 def terminal_error(body: bytes) -> str | None:
     """The `error` of a journaled `run.failed` body, as JSON (None for other terminals)."""
     try:
-        payload = json.loads(body).get("payload") or {}
-    except (ValueError, AttributeError):
+        payload = msgspec.json.decode(body).get("payload") or {}
+    except (msgspec.DecodeError, AttributeError):
         return None
     error = payload.get("error") if isinstance(payload, dict) else None
-    return json.dumps(error) if isinstance(error, dict) else None
+    return msgspec.json.encode(error).decode() if isinstance(error, dict) else None
