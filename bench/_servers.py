@@ -4,6 +4,7 @@
     python -m bench._servers bare            a bare `websockets` server that only answers receipts
     python -m bench._servers floor DB_PATH   the durable floor's server (bench/durable_floor.py): one
                                              SQLite WAL commit (fsync) per batch, then its receipt
+                                             (it answers a driver's hello too: a diagnostic run)
 
 Each prints its port on one stdout line, then serves until its stdin closes.
 """
@@ -21,6 +22,15 @@ import msgspec
 from bench._common import ROOT, TOKEN
 
 EVENTS_PREFIX = '{"type":"events"'  # how both the driver and the ceiling client start a batch
+# What the bare and floor servers answer a driver's hello with (the reference CP's limits).
+WELCOME = {
+    "type": "welcome",
+    "connection_id": "con-bench",
+    "heartbeat_interval_ms": 5000,
+    "max_batch_events": 256,
+    "max_batch_bytes": 1_048_576,
+    "accepted_capabilities": [],
+}
 
 
 class _Ev(msgspec.Struct):
@@ -84,7 +94,14 @@ async def serve_floor(db_path: str) -> None:
         try:
             with contextlib.suppress(ConnectionClosed):
                 async for message in ws:
-                    queue.put_nowait(decoder.decode(message if isinstance(message, bytes) else message.encode()))
+                    raw = message if isinstance(message, bytes) else message.encode()
+                    if not raw.startswith(EVENTS_PREFIX.encode()):
+                        # Only a driver sends these (a diagnostic run of the driver against this
+                        # store): answer its hello so its link opens; ignore heartbeats.
+                        if json.loads(raw).get("type") == "hello":
+                            await ws.send(json.dumps(WELCOME))
+                        continue
+                    queue.put_nowait(decoder.decode(raw))
         finally:
             task.cancel()
 
@@ -109,15 +126,6 @@ async def serve_bare() -> None:
     decoder = msgspec.json.Decoder(_Batch)
     encoder = msgspec.json.Encoder()
 
-    welcome = {
-        "type": "welcome",
-        "connection_id": "con-bare",
-        "heartbeat_interval_ms": 5000,
-        "max_batch_events": 256,
-        "max_batch_bytes": 1_048_576,
-        "accepted_capabilities": [],
-    }
-
     async def handle(ws: ServerConnection) -> None:
         with contextlib.suppress(ConnectionClosed):  # a benchmark client leaves without a close frame
             await _answer(ws)
@@ -128,7 +136,7 @@ async def serve_bare() -> None:
             if not raw.startswith(EVENTS_PREFIX):
                 # Only a driver sends these: answer its hello so its link opens; ignore the rest.
                 if json.loads(raw).get("type") == "hello":
-                    await ws.send(json.dumps(welcome))
+                    await ws.send(json.dumps(WELCOME))
                 continue
             frame = decoder.decode(raw)
             receipt = {"type": "receipt", "batch": frame.batch, "accepted": [e.event_id for e in frame.events]}

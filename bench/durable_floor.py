@@ -11,6 +11,13 @@ the number of unreceipted batches in flight (only the outbox's event bound), so 
 Server (`python -m bench._servers floor DB`): for each `events` frame, stores every event
 (`event_id`, body) in SQLite WAL with `synchronous=FULL` in one transaction (one fsync), then answers
 the receipt listing them; no validation, no dedup rules, no commands.
+
+Every client run has event ids of its own (`drv-floor.<journal file name>/1/<seq>`), as every driver
+run in the benchmark has its own instance id: the server runs `INSERT OR IGNORE` into one database for
+the whole benchmark, and a run that reused an earlier run's ids would change no row, so its COMMIT
+would write nothing and skip the fsync. Until this was found, every floor run after the first reused
+`drv-floor/1/...`: the server's "commit" took ~0.03 ms instead of ~0.25 ms, and the floor skipped the
+store's fsync that the driver's figures pay (measured in the latency runs, issue 10).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ BATCH = 256
 class FloorClient:
     def __init__(self, journal: Path, port: int) -> None:
         self.url = f"ws://127.0.0.1:{port}/"
+        # Ids no earlier run used (see the module's docstring): the store must really write each event.
+        self.instance = f"drv-floor.{journal.stem}"
         self.db = sqlite3.connect(journal, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -47,7 +56,7 @@ class FloorClient:
         self.seq += 1
         body = self.enc.encode(
             {
-                "event_id": f"drv-floor/1/{self.seq:06d}",
+                "event_id": f"{self.instance}/1/{self.seq:06d}",
                 "seq": self.seq,
                 "epoch": 1,
                 "kind": "plan.updated",

@@ -110,7 +110,11 @@ class Link:
         self.core = core or LinkCore()
         self._clock = clock
         self._ws: ClientConnection | None = None
-        self._send_lock = anyio.Lock()
+        # fast_acquire: an uncontended acquire does not yield to the event loop first. A batch whose
+        # events are journaled goes out at once instead of after one more turn of the loop (every
+        # ready callback runs in that turn: measured as part of the driver's emit → receipt tail,
+        # issue 10). The sender yields after each send instead, so a backlog still shares the loop.
+        self._send_lock = anyio.Lock(fast_acquire=True)
         self.connected = anyio.Event()
         # Set once the first dial ended: `hello` sent, or the dial failed. The kernel starts its
         # provider after it, so the control plane hears from a new driver before the provider's
@@ -259,6 +263,10 @@ class Link:
             self.batches.sent(len(frame))
             async with self._send_lock:
                 await ws.send(frame, text=True)
+            # `ws.send` only waits when the socket's buffer is full, which a loopback CP rarely lets
+            # happen: without this, replaying a backlog would hold the loop (receipts, heartbeats,
+            # the watchdog) until the last batch was written.
+            await anyio.lowlevel.checkpoint()
 
     async def _refused_too_big(self) -> None:
         """PROTOCOL §4.3: 1009 halves the batch size for this link; at the floor, the oldest event

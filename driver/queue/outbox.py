@@ -77,6 +77,7 @@ class Outbox:
         self._space = anyio.Event()
         self._space_waiters = 0
         self._drained = anyio.Event()
+        self._drain_waiters = 0
         self._waiters = ReceiptWaiters()
         self.local_rejections: list[FinalRejection] = []
         self.link_up = False
@@ -314,7 +315,9 @@ class Outbox:
         if self._waiters.waiters:
             self._waiters.resolve(self._ids.of(seq), outcome)
         self._ids.forget(seq)
-        self._writer.delete(seq)
+        # At once only for someone waiting for the outbox to be empty on disk; else with the next group
+        # commit (outbox_writer.DELETE_FLUSH_S: a receipt costs no transaction of its own).
+        self._writer.delete(seq, now=bool(self._drain_waiters) and not self._index.live)
         if self._space_waiters and not self._full():
             self._space.set()
 
@@ -355,8 +358,14 @@ class Outbox:
 
     async def drained(self) -> None:
         """Wait until no lossless event is left without a receipt (and the deletions are journaled)."""
-        while self._index.live or self._writer.busy:
-            await self._drained.wait()
+        self._drain_waiters += 1
+        try:
+            while self._index.live or self._writer.busy:
+                if not self._index.live:
+                    self._writer.flush_deletions()  # the last ones: now, not after DELETE_FLUSH_S
+                await self._drained.wait()
+        finally:
+            self._drain_waiters -= 1
 
     # -- statistics ---------------------------------------------------------------------------------
     def snapshot(self) -> OutboxStats:
