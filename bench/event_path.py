@@ -9,8 +9,8 @@ Baseline, the goals' yardstick: the durable floor (bench/durable_floor.py), a mi
 journals each batch in SQLite WAL with one fsync and sends it over `websockets` to a server that stores
 it with one fsync and answers its receipt: the driver's durability with none of its logic, same batch
 size, same (uncapped) pipelining. Goals: throughput ≥ 0.5 x the floor's; p99 latency at 1,000 ev/s
-≤ 1.5 x the floor's (LATENCY_ROUNDS rounds, the driver's and the floor's interleaved, samples pooled
-per path, so the machine's noise falls on both alike).
+≤ 1.5 x the floor's, each p99 the median of LATENCY_ROUNDS rounds' p99s (the rounds of the driver and
+of the floor interleaved, so the machine's noise falls on both alike; pooled figures are printed too).
 
 Context (not a goal): the ceiling on this machine, a bare `websockets` client sending the same frames
 to a bare server that only answers receipts; and, for latency, the driver against the floor's own
@@ -42,10 +42,11 @@ WARMUP_EVENTS = 2_000
 BATCH = 256  # the control plane's max_batch_events, which the driver's batches are cut to
 LATENCY_RATE = 1_000  # events per second
 LATENCY_SECONDS = 3.0
-# Latency rounds, the paths interleaved and each path's samples pooled: a p99 is its ~1% slowest
-# events, so one burst of other work on this shared machine during a single 3 s window (the driver's or
-# the floor's) used to decide the goal alone (single-run ratios from 0.1x to 10x in one afternoon).
-LATENCY_ROUNDS = 3
+# Latency rounds, the paths interleaved; the goal compares each path's median round p99. A p99 is a
+# window's ~1% slowest events, so one burst of other work on this shared machine during a single 3 s
+# window (the driver's or the floor's) used to decide the goal alone: single-run ratios went from 0.1x
+# to 10x in one afternoon, and pooling rounds still let one burst set the pooled p99 of either side.
+LATENCY_ROUNDS = 5
 FILLER = "x" * 80  # a payload of ~150 bytes, the size of a typical tool or plan event
 
 
@@ -263,16 +264,16 @@ async def _main() -> None:
                 side = DriverSide(tmp / f"n{rep}", bare_url, f"drv-n.{rep}", fsync=False)
                 times["nosync"].append(await side.run(_throughput))
                 times["cp"].append(await DriverSide(tmp / f"c{rep}", url, f"drv-c.{rep}").run(_throughput))
-            lat: list[float] = []
-            lat_alone: list[float] = []
-            lat_floor: list[float] = []
-            lat_fstore: list[float] = []
+            lat: list[list[float]] = []  # one list of samples per round
+            lat_alone: list[list[float]] = []
+            lat_floor: list[list[float]] = []
+            lat_fstore: list[list[float]] = []
             floor_url = f"ws://127.0.0.1:{floor.port}/"
             for r in range(LATENCY_ROUNDS):
-                lat_alone += await DriverSide(tmp / f"la{r}", bare_url, f"drv-la.{r}").run(_latency)
-                lat_fstore += await DriverSide(tmp / f"ls{r}", floor_url, f"drv-ls.{r}").run(_latency)
-                lat += await DriverSide(tmp / f"lc{r}", url, f"drv-lc.{r}").run(_latency)
-                lat_floor += await floor_paced(floor.port, tmp / f"lf{r}.sqlite3", LATENCY_RATE, LATENCY_SECONDS)
+                lat_alone.append(await DriverSide(tmp / f"la{r}", bare_url, f"drv-la.{r}").run(_latency))
+                lat_fstore.append(await DriverSide(tmp / f"ls{r}", floor_url, f"drv-ls.{r}").run(_latency))
+                lat.append(await DriverSide(tmp / f"lc{r}", url, f"drv-lc.{r}").run(_latency))
+                lat_floor.append(await floor_paced(floor.port, tmp / f"lf{r}.sqlite3", LATENCY_RATE, LATENCY_SECONDS))
 
     bare_s, driver_s = median(times["bare"]), median(times["cp"])
     alone_s, nosync_s = median(times["alone"]), median(times["nosync"])
@@ -300,16 +301,27 @@ async def _main() -> None:
         ratio >= 0.5,
         f"{driver_rate:,.0f} vs {floor_rate:,.0f} ev/s: {ratio:.2f} x",
     )
-    if not lat or not lat_alone or not lat_floor or not lat_fstore:
+    if not all(all(rounds) for rounds in (lat, lat_alone, lat_floor, lat_fstore)):
         raise RuntimeError("no latency sample: no event was accepted")
 
-    def lrow(name: str, values: list[float]) -> list[Any]:
-        return [name, len(values), *(percentile(values, p) for p in (50, 90, 99)), max(values)]
+    def round_p99(rounds: list[list[float]]) -> float:
+        return median([percentile(r, 99) for r in rounds])
+
+    def lrow(name: str, rounds: list[list[float]]) -> list[Any]:
+        pooled = [v for r in rounds for v in r]
+        return [
+            name,
+            len(pooled),
+            *(percentile(pooled, p) for p in (50, 90, 99)),
+            max(pooled),
+            round_p99(rounds),
+            " ".join(f"{percentile(r, 99):.1f}" for r in rounds),
+        ]
 
     table(
         f"emit → receipt latency (ms) at {LATENCY_RATE:,} events/s, {LATENCY_ROUNDS} interleaved rounds of "
-        f"{LATENCY_SECONDS:.0f} s per path",
-        ["path", "events", "p50", "p90", "p99", "max"],
+        f"{LATENCY_SECONDS:.0f} s per path (p50 to max: all rounds pooled)",
+        ["path", "events", "p50", "p90", "p99", "max", "median round p99", "each round's p99"],
         [
             lrow("driver → reference CP (store fsync)", lat),
             lrow("driver → bare receipt server", lat_alone),
@@ -317,11 +329,12 @@ async def _main() -> None:
             lrow("durable floor (journal fsync → store fsync)", lat_floor),
         ],
     )
-    p99, floor_p99 = percentile(lat, 99), percentile(lat_floor, 99)
+    p99, floor_p99 = round_p99(lat), round_p99(lat_floor)
     goal(
         "p99 ≤ 1.5 x the durable floor's",
         p99 <= 1.5 * floor_p99,
-        f"p99 {p99:.2f} ms through the reference CP vs the floor's {floor_p99:.2f} ms: {p99 / floor_p99:.2f} x",
+        f"median round p99 {p99:.2f} ms through the reference CP vs the floor's {floor_p99:.2f} ms: "
+        f"{p99 / floor_p99:.2f} x",
     )
 
 

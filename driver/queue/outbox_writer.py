@@ -19,7 +19,7 @@ from driver.queue.schema import SEQ_BLOCK
 # Deletions of receipted events ride on the next group commit of admitted events; only when none comes
 # within this delay are they committed alone. A deletion needs no fsync of its own (a crash that undoes
 # one only makes the next process resend an event the CP accepts again by its event_id), and a separate
-# transaction per receipt doubled the journal's fsyncs at a steady rate: it held the writer when the
+# transaction per receipt added up to one fsync per event at a steady rate: it held the writer when the
 # next event arrived and competed for the disk with the CP's own commit (measured in bench/event_path.py
 # latency runs: the driver's p99 was ~2x the durable floor's, whose client also defers its deletions).
 DELETE_FLUSH_S = 0.1

@@ -1,7 +1,7 @@
 """Deletions of receipted events ride on the next group commit (driver/queue/outbox_writer.py, DELETE_FLUSH_S).
 
 A receipt must not start a journal transaction (and its fsync) of its own: at a steady event rate that
-doubled the journal's fsyncs and held the writer when the next event arrived (issue 10's latency goal).
+added up to one fsync per event and held the writer when the next event arrived (issue 10's latency goal).
 Deletions still reach the disk: with the next admitted event's commit, alone after DELETE_FLUSH_S of
 quiet, and at once for whoever waits for `drained()`.
 """
