@@ -134,3 +134,30 @@ async def test_drained_does_not_wait_for_the_quiet_delay(
             await done.wait()
         tg.cancel_scope.cancel()
     assert on_disk(journal) == [], "drained means gone from disk"
+
+
+async def test_a_pile_of_deletions_is_committed_without_waiting(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A flood's receipts: deferring every deletion to the end would put one huge transaction on the
+    # critical path of drained(); from DELETE_BATCH_MAX waiting deletions on they are committed at once.
+    monkeypatch.setattr(outbox_module, "DELETE_FLUSH_S", 3600.0)
+    monkeypatch.setattr(outbox_module, "DELETE_BATCH_MAX", 2)
+    commits, alone = recorded(journal)
+    box = make(journal)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(box.run)
+        ids = []
+        for n in (1, 2):
+            payload = json.dumps({"message_id": f"m{n}", "role": "assistant", "text": "x"}).encode()
+            ids.append(await box.admit("message.completed", payload, "lossless", None))
+        with anyio.fail_after(5):
+            await box.wait_sendable()
+        batch = box.take_batch(256, 1 << 20)
+        assert batch is not None and batch.lossless_seqs == [1, 2]
+        box.on_receipt(Receipt(batch=batch.number, accepted=ids))
+        with anyio.fail_after(5):
+            await alone.wait()
+        tg.cancel_scope.cancel()
+    assert [(rows, sorted(gone)) for rows, gone in commits] == [([1, 2], []), ([], [1, 2])]  # a set's order
+    assert on_disk(journal) == []
