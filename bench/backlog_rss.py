@@ -60,7 +60,7 @@ async def _driver_child(n_events: int, cp_port: int | None) -> dict[str, Any]:
         tmp = Path(tmp_s)
         url = f"ws://127.0.0.1:{cp_port or _closed_port()}/driver"
         boot = parse_payload(json.dumps(make_payload(tmp, url)).encode())
-        k = Kernel(boot, started_at=time.monotonic())
+        k = Kernel(boot, started_at=time.monotonic(), assemble=True)
         link = Link(
             boot.control,
             boot.driver_instance_id,

@@ -62,7 +62,7 @@ class DriverSide:
         from driver.kernel import Kernel
 
         boot = parse_payload(json.dumps(make_payload(tmp, url, instance=instance)).encode())
-        self.kernel = Kernel(boot, started_at=time.monotonic())
+        self.kernel = Kernel(boot, started_at=time.monotonic(), assemble=True)
         self.outbox = self.kernel.outbox
         if not fsync:
             # Diagnostic only: how much of the driver's time is the disk (the driver never runs so).

@@ -81,7 +81,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     from driver.kernel import Kernel
 
     try:
-        kernel = Kernel(payload, started_at=t0, assemble=False)
+        kernel = Kernel(payload, started_at=t0)
     except ValueError as exc:
         print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
         return boot_mod.EX_CONFIG

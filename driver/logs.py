@@ -100,14 +100,12 @@ class Logger:
     def _log(self, method: str, event: str, fields: dict[str, Any]) -> None:
         if LEVELS[method] < _Config.level:
             return
-        exc_info = fields.pop("exc_info", method == "exception")
+        with_traceback = fields.pop("exc_info", method == "exception")
         event_dict: MutableMapping[str, Any] = {"event": event, **fields}
         event_dict["level"] = "error" if method == "exception" else method
         event_dict["timestamp"] = _timestamp()
-        if exc_info:
-            info = sys.exc_info() if exc_info is True else exc_info
-            if info and info[0] is not None:
-                event_dict["exception"] = "".join(traceback.format_exception(*info)).rstrip()
+        if with_traceback and sys.exc_info()[0] is not None:
+            event_dict["exception"] = traceback.format_exc().rstrip()
         for processor in _Config.processors:
             event_dict = processor(self, method, event_dict)
         stream = _Config.stream or sys.stderr

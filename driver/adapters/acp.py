@@ -33,7 +33,7 @@ from driver.adapters.acp_terminal import TerminalError
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.jsonrpc import JsonRpcError, PeerClosed
-from driver.adapters.registry import CAPABILITIES
+from driver.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
@@ -45,8 +45,8 @@ CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5
 
 class AcpAdapter(AcpSessionOpener):
     runtime: ClassVar[str] = "acp"
-    # Declared once, in the registry, so `hello` can state them without importing this module.
-    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["acp"]
+    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["acp"]
 
     # ---- one turn ---------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal
 
 import anyio
 
-from driver import capabilities
 from driver.interfaces import (
     EventPort,
     FilePort,
@@ -33,12 +32,8 @@ from driver.interfaces import (
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
 
-# Capability ids a provider may declare (PROTOCOL hello.capabilities): driver/capabilities.py.
-CAPABILITIES = capabilities.ALL
-
 # Re-exported: adapters and their tests import the port types from here.
 __all__ = [
-    "CAPABILITIES",
     "Adapter",
     "AdapterConfig",
     "EventPort",

@@ -51,7 +51,7 @@ from driver.adapters.claude_turn import (
     usage_payload,
     user_message,
 )
-from driver.adapters.registry import CAPABILITIES
+from driver.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 
 STDERR_LINES = 200
@@ -77,8 +77,8 @@ class ResumeFailed(Exception):
 
 class ClaudeAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # Declared once, in the registry, so `hello` can state them without importing this module.
-    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["claude-agent-sdk"]
+    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["claude-agent-sdk"]
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)

@@ -39,7 +39,7 @@ from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
 from driver.adapters.process import ProviderProcess
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
-from driver.adapters.registry import CAPABILITIES
+from driver.capabilities import BY_RUNTIME
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
@@ -51,8 +51,8 @@ RUNTIME = "openai-app-server"
 
 class CodexAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # Declared once, in the registry, so `hello` can state them without importing this module.
-    capabilities: ClassVar[frozenset[str]] = CAPABILITIES["openai-app-server"]
+    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["openai-app-server"]
     start_timeout: float = 30.0
     stop_grace: float = 3.0
 

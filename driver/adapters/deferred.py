@@ -13,7 +13,8 @@ from typing import ClassVar
 import anyio
 
 from driver.adapters.base import Adapter, AdapterConfig, Ports, TurnOutcome
-from driver.adapters.registry import adapter_class, capabilities_of
+from driver.adapters.registry import adapter_class
+from driver.capabilities import capabilities_of
 from driver.protocol.commands import RunInput
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 
-from driver import capabilities
 from driver.adapters.base import Adapter
 
 ADAPTERS: dict[str, str] = {
@@ -12,11 +11,6 @@ ADAPTERS: dict[str, str] = {
     "openai-app-server": "driver.adapters.codex:CodexAdapter",
     "acp": "driver.adapters.acp:AcpAdapter",
 }
-
-
-# What each runtime's adapter declares, readable without importing it: driver/capabilities.py.
-CAPABILITIES = capabilities.BY_RUNTIME
-capabilities_of = capabilities.capabilities_of
 
 
 def adapter_class(runtime: str) -> type[Adapter]:

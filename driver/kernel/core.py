@@ -76,10 +76,10 @@ _OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "messa
 class Kernel:
     """Built in two steps. The constructor opens what the first `hello` needs (the journal, this
     process's epoch, the outbox, the state machine). `assemble` imports and builds the rest (ports,
-    rooms, supervisor, telemetry). With `assemble=False` (`agent-driver run`), `serve` dials first
-    and assembles once that `hello` is out, so the control plane hears from a new driver before tens
-    of milliseconds of imports and the provider's spawn; the default builds all at once (benches and
-    tests that drive a kernel's parts without `serve`)."""
+    rooms, supervisor, telemetry). `serve` dials first and assembles once that `hello` is out, so the
+    control plane hears from a new driver before tens of milliseconds of imports and the provider's
+    spawn. `assemble=True` builds all at once, for benches that drive a kernel's parts without
+    `serve` (its hooks then never wait for restart recovery: do not `serve` such a kernel)."""
 
     # Built by `assemble` (driver/kernel/rooms.py).
     permissions: PermissionBroker
@@ -99,7 +99,7 @@ class Kernel:
         *,
         started_at: float,
         options: KernelOptions | None = None,
-        assemble: bool = True,
+        assemble: bool = False,
     ) -> None:
         self.boot = boot
         self.options = options or KernelOptions.from_env(os.environ)
@@ -310,20 +310,16 @@ class Kernel:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.outbox.run)
-            if self.assembled.is_set():
-                # Built at once: recover before the link starts, the hooks do not wait.
-                await self._open(tg)
-                tg.start_soon(self._watch_link, link)
-            else:
-                tg.start_soon(self._watch_link, link)
-                # The hello first: the rooms' imports and the provider's spawn hold the loop for
-                # tens of ms, the dial needs it for a few. Bounded, so a control plane that does not
-                # answer (a dial that hangs rather than fails) never holds the driver back long.
-                with anyio.move_on_after(HELLO_FIRST_S):
-                    await link.first_dial_done.wait()
-                self.assemble()
-                await self._open(tg)
-                self.ready.set()
+            tg.start_soon(self._watch_link, link)
+            # The hello first: the rooms' imports and the provider's spawn hold the loop for tens of
+            # ms, the dial needs it for a few. Bounded, so a control plane that does not answer (a
+            # dial that hangs rather than fails) never holds the driver back long.
+            with anyio.move_on_after(HELLO_FIRST_S):
+                await link.first_dial_done.wait()
+            self.assemble()
+            self.supervisor.bind(tg)
+            await self.lifecycle.recover()
+            self.ready.set()
             if not gc.isenabled():
                 # `agent-driver run` starts with the collector off (fewer pauses on the way to
                 # hello). What the start built lives as long as the process: frozen, the
@@ -344,10 +340,6 @@ class Kernel:
             tg.cancel_scope.cancel()
         self.journal.close()
         return self.exit_status if self.exit_status is not None else 0
-
-    async def _open(self, tg: anyio.abc.TaskGroup) -> None:
-        self.supervisor.bind(tg)
-        await self.lifecycle.recover()
 
     async def _watch_link(self, link: Link) -> None:
         reaction: CloseReaction = await link.run()

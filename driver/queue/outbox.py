@@ -17,7 +17,6 @@ up (the ones about to be sent), stay in memory; the rest is read back when it is
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from driver import logs
 from driver.protocol.events import Delivery, Event, event_id_for
 from driver.protocol.frames import Receipt, Rejection
 from driver.protocol.oversize import shrink_event
@@ -40,7 +40,7 @@ from driver.queue.pending import IN_FLIGHT, READY, UNSYNCED, PendingIndex
 from driver.queue.receipt_waiters import ReceiptWaiters
 from driver.queue.schema import RUN_TERMINAL_KINDS
 
-log = logging.getLogger("driver.outbox")
+log = logs.get("driver.outbox")
 
 # The records moved to outbox_types; importers keep taking them from here.
 __all__ = ["Batch", "FinalRejection", "Outbox", "OutboxStats", "RetryPolicy", "utc_now"]
@@ -237,7 +237,7 @@ class Outbox:
             return False
         self._bodies.replace(seq, new)
         self._index.resize(i, len(new))
-        log.warning("event.cut_to_fit", extra={"event_id": self._ids.of(seq), "bytes": len(new), "limit": limit})
+        log.warning("event.cut_to_fit", event_id=self._ids.of(seq), bytes=len(new), limit=limit)
         return True
 
     def reject_oldest(self, code: str, message: str) -> list[FinalRejection]:

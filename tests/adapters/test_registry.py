@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from driver.adapters.registry import ADAPTERS, CAPABILITIES, adapter_class
+from driver.adapters.registry import ADAPTERS, adapter_class
+from driver.capabilities import BY_RUNTIME as CAPABILITIES
 
 
 @pytest.mark.parametrize("runtime", sorted(ADAPTERS))

@@ -29,7 +29,7 @@ def anyio_backend() -> str:
 async def test_hello_before_rooms_then_the_collector_is_back(tmp_path: Path) -> None:
     async with control_plane(tmp_path) as cp:
         boot = parse_payload(json.dumps(boot_payload(tmp_path, cp.url)).encode())
-        kernel = Kernel(boot, started_at=anyio.current_time(), assemble=False)
+        kernel = Kernel(boot, started_at=anyio.current_time())
         seen: dict[str, Any] = {}
         hello = kernel.hello
 
