@@ -12,10 +12,10 @@ NODE := node_modules/.bin/node
 
 setup: $(STAMP_PY) $(STAMP_NPM) $(STAMP_DEB) $(STAMP_SYSPY)
 
-$(STAMP_PY): pyproject.toml
+$(STAMP_PY): pyproject.toml lab/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,telemetry]'
+	$(BIN)/pip install --quiet -e '.[telemetry]' -e './lab[test]'
 	touch $@
 
 # The pinned Node comes from npm too (package `node`); the check refuses a Node that a runtime's
@@ -42,7 +42,7 @@ run: setup
 	$(BIN)/agent-driver dev
 
 lint: $(STAMP_PY)
-	$(BIN)/ruff check driver tests bench
+	$(BIN)/ruff check driver lab tests bench
 	$(BIN)/mypy
 
 test: setup lint

@@ -52,7 +52,7 @@ async def _until_stdin_closes() -> None:
 
 
 async def serve_cp(db: str) -> None:
-    from driver.controlplane.server import ControlPlane
+    from agent_lab.controlplane.server import ControlPlane
 
     async with ControlPlane(db, tokens={TOKEN: None}, http_port=None, heartbeat_interval_ms=5000) as cp:
         print(cp.port, flush=True)

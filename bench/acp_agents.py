@@ -1,6 +1,6 @@
 """Per ACP agent: spawn to ready, time to first token, cancel to cancelled (p50/p95 over N runs).
 
-Drives the REAL `AcpAdapter` directly with the in-memory ports of driver/testing/ports.py (no kernel,
+Drives the REAL `AcpAdapter` directly with the in-memory ports of lab/agent_lab/testing/ports.py (no kernel,
 no link), so the figures are the adapter's plus the agent's, nothing else:
 - spawn → ready: `await adapter.start()` (process spawn, initialize, session/new), a fresh adapter
   and a fresh state directory each time;
@@ -9,7 +9,7 @@ no link), so the figures are the adapter's plus the agent's, nothing else:
 - cancel → cancelled: a `[[slow]]` run; `adapter.cancel()` right after its first delta; until `run()`
   returns the cancelled outcome.
 
-Agents: codex-acp and claude-agent-acp, offline against the fake model endpoints (driver/testing),
+Agents: codex-acp and claude-agent-acp, offline against the fake model endpoints (lab/agent_lab/testing),
 and our stubborn agent (tests/helpers/stubborn_acp_agent.py, no model) as the floor: what our ACP
 client and a Python agent process cost by themselves. Its cancel figure is bounded below by its own
 50 ms sleep between `[[slow]]` chunks (it looks at the cancel only between chunks), not by the client.
@@ -73,11 +73,12 @@ Spec = Callable[[Path], AgentSpec]  # state dir → how to run the agent there
 
 
 def _adapter(tmp: Path, spec: Spec) -> tuple[Any, TimedEvents]:
+    from agent_lab.testing.ports import recording_ports
+
     from driver.adapters.acp import AcpAdapter
     from driver.adapters.base import AdapterConfig
     from driver.adapters.environment import provider_env
     from driver.protocol.boot import AcpConfig, ExecutionConfig, SessionConfig
-    from driver.testing.ports import recording_ports
 
     cwd, state = tmp / "ws", tmp / "state"
     cwd.mkdir(parents=True, exist_ok=True)
@@ -111,7 +112,7 @@ def _stubborn(state: Path) -> AgentSpec:
 
 
 def _codex(base_url: str) -> Spec:
-    from driver.testing import codex_acp
+    from agent_lab.testing import codex_acp
 
     def spec(state: Path) -> AgentSpec:
         home = codex_acp.write_home(state / "codex", base_url, "FAKE_OPENAI_API_KEY")
@@ -145,14 +146,14 @@ def _agent_spec(name: str) -> Iterator[Spec]:
     elif name == "codex-acp":
         if not CODEX_ACP.exists():
             raise FileNotFoundError(CODEX_ACP)
-        from driver.testing.fake_responses import FakeResponses
+        from agent_lab.testing.fake_responses import FakeResponses
 
         with FakeResponses() as fake:
             yield _codex(fake.base_url)
     else:
         if not CLAUDE_ACP.exists():
             raise FileNotFoundError(CLAUDE_ACP)
-        from driver.testing.fake_anthropic import FakeAnthropic
+        from agent_lab.testing.fake_anthropic import FakeAnthropic
 
         with FakeAnthropic() as fake_a:
             yield _claude(fake_a.base_url)

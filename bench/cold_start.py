@@ -2,7 +2,7 @@
 
 The control plane runs in this process and notes the moment it decodes each `hello`. The driver is
 the real `agent-driver run` process with the stubborn ACP agent as provider (started once the first
-`hello` is out, as always). Baseline, in the same run: the minimal dialer (driver/evidence/dialer.py), a
+`hello` is out, as always). Baseline, in the same run: the minimal dialer (lab/agent_lab/evidence/dialer.py), a
 Python process that imports the same `websockets` client, `msgspec` and `anyio`, dials the same
 control plane and sends one `hello`: spawn → that `hello` decoded, timed exactly like the driver's.
 Also the RSS of a Python process that imported the same three libraries.
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from agent_lab.evidence.startup import compile_bytecode
 
 from bench._common import INSTANCE, ROOT, TOKEN, cpu_seconds, driver_env, goal, median, rss_mb, table
 from bench._common import boot_payload as make_payload
-from driver.evidence.startup import compile_bytecode
 
 RUNS = 11
 IDLE_SECONDS = 4.0
@@ -39,7 +39,7 @@ def _dial(url: str, epoch: int) -> float:
     env = {**driver_env(), "EVIDENCE_DIALER_TOKEN": TOKEN}
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "driver.evidence.dialer", url, DIALER_INSTANCE, str(epoch)],
+        [sys.executable, "-m", "agent_lab.evidence.dialer", url, DIALER_INSTANCE, str(epoch)],
         cwd=ROOT,
         env=env,
         check=True,
@@ -79,8 +79,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def _main() -> None:
+    from agent_lab.controlplane.server import ControlPlane
+
     from driver import logs
-    from driver.controlplane.server import ControlPlane
     from driver.protocol.frames import Hello
 
     logs.configure("error")

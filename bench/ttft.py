@@ -1,6 +1,6 @@
 """Time to first token: through the driver against the same provider driven directly.
 
-Both sides talk to the same fake model endpoint (driver/testing), started in this process.
+Both sides talk to the same fake model endpoint (lab/agent_lab/testing), started in this process.
 - Claude: `ClaudeSDKClient` directly (connected once; clock from `query()` to the first text delta)
   vs the `agent-driver run` process with the `claude-agent-sdk` runtime (clock from the control
   plane putting `input.start` on the wire to the first `message.delta` frame arriving there).
@@ -42,7 +42,7 @@ Turn = Callable[[], Awaitable[float]]  # one turn; returns its time to first tok
 @asynccontextmanager
 async def through_driver(tmp: Path, runtime: str, execution: dict[str, Any]) -> AsyncIterator[Turn]:
     """Turns from `input.start` on the wire to the first `message.delta` frame received, in ms."""
-    from driver.controlplane.server import ControlPlane
+    from agent_lab.controlplane.server import ControlPlane
 
     tmp.mkdir(parents=True, exist_ok=True)
     async with ControlPlane(tmp / "cp.sqlite3", tokens={TOKEN: {INSTANCE}}, http_port=None) as cp:
@@ -270,9 +270,10 @@ async def _pair(
 
 
 async def _main() -> None:
+    from agent_lab.testing.fake_anthropic import FakeAnthropic
+    from agent_lab.testing.fake_responses import FakeResponses
+
     from driver import logs
-    from driver.testing.fake_anthropic import FakeAnthropic
-    from driver.testing.fake_responses import FakeResponses
 
     logs.configure("error")
     rows: list[list[Any]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import argparse
@@ -91,6 +91,24 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         lock.release()
 
 
+def _lab_module(name: str) -> Any:
+    """A module of the laboratory (control plane, evidence, dev chat): a separate distribution that a
+    sandbox image does not carry. Imported by name, so the daemon has no arrow into the lab."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("agent_lab"):
+            raise
+        print(
+            f"agent-driver: {name.split('.')[1]} is part of the laboratory: pip install agent-driver-lab "
+            "(from a checkout: pip install ./lab)",
+            file=sys.stderr,
+        )
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     fast = _run_args(argv)
@@ -110,17 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("evidence", help="measure the five claims (resume, startup, ...) and report", add_help=False)
     sub.add_parser("controlplane", help="the reference control plane", add_help=False)
     sub.add_parser("bench", help="run the benchmarks", add_help=False)
-    if argv and argv[0] == "controlplane":
-        import importlib
-
-        # Imported by name: the control plane's modules are not loaded by `agent-driver run`.
-        cp_cli = importlib.import_module("driver.controlplane.cli")
-        return int(cp_cli.main(argv[1:]))
-    if argv and argv[0] == "evidence":
-        # Its own parser, loaded only here: `agent-driver run` must not pay for it at start.
-        from driver.evidence.cli import main as evidence_main
-
-        return evidence_main(argv[1:])
+    if argv and argv[0] in ("controlplane", "evidence"):
+        lab = _lab_module(f"agent_lab.{argv[0]}.cli")
+        if lab is None:
+            return 2
+        return int(lab.main(argv[1:]))
     if argv and argv[0] == "bench":
         import runpy
 
@@ -135,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "dev":
-        from driver.dev import main as dev_main
-
-        return int(dev_main(args))
+        dev_mod = _lab_module("agent_lab.dev")
+        if dev_mod is None:
+            return 2
+        return int(dev_mod.main(args))
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from driver.dev import (
+from agent_lab.dev import (
     AGENT_PREFIX,
     THINKING_PREFIX,
     DevPaths,
@@ -32,6 +31,7 @@ from driver.dev import (
     driver_environment,
     write_boot_file,
 )
+
 from driver.protocol.boot import BOOT_DECODER
 
 ROOT = Path(__file__).resolve().parents[1]

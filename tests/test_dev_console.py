@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_lab.dev import AGENT_PREFIX, CONSOLE_PREFIX
 
-from driver.dev import AGENT_PREFIX, CONSOLE_PREFIX
 from tests.controlplane.browser import chromium
 from tests.test_dev import DEV, ROOT, Screen, dev_env
 

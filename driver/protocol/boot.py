@@ -85,6 +85,34 @@ class Limits(_Strict):
     provider_rss_mb: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
+class Budget(_Strict):
+    max_usd_per_run: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    max_tokens_per_run: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_usd_per_session: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class ModelProxy(_Strict):
+    """§6.7: the variables of `execution.environment` withheld from the provider, and the budgets."""
+
+    secrets: list[NonEmpty] = msgspec.field(default_factory=list)
+    budget: Budget = msgspec.field(default_factory=Budget)
+
+
+class CheckpointFile(_Strict):
+    path: NonEmpty  # relative to the provider's home
+    url: NonEmpty  # file: or http(s):
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class NativeCheckpoint(_Strict):
+    """§8.1: a provider-native session to restore in this (new) sandbox."""
+
+    runtime: Runtime
+    native_ref: NonEmpty
+    files: list[CheckpointFile] = msgspec.field(default_factory=list)
+
+
 class ExecutionConfig(_Strict):
     revision: NonEmpty
     runtime: Runtime
@@ -102,6 +130,9 @@ class ExecutionConfig(_Strict):
     recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
     host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 600_000
     limits: Limits = msgspec.field(default_factory=Limits)
+    model_proxy: ModelProxy | None = None
+    native_checkpoint: NativeCheckpoint | None = None
+    reattach_grace_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_MS)] = 0
 
 
 class Telemetry(_Strict):

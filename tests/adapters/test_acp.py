@@ -44,6 +44,14 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from agent_lab.testing import codex_acp
+from agent_lab.testing.ports import (
+    RecordingEvents,
+    ScriptedPermissions,
+    allow_first,
+    recording_ports,
+    reject_first,
+)
 
 from driver.adapters import acp_models as m
 from driver.adapters import acp_permissions, acp_session, acp_state
@@ -64,14 +72,6 @@ from driver.protocol.boot import (
 )
 from driver.protocol.commands import RunInput
 from driver.protocol.events import validate_payload
-from driver.testing import codex_acp
-from driver.testing.ports import (
-    RecordingEvents,
-    ScriptedPermissions,
-    allow_first,
-    recording_ports,
-    reject_first,
-)
 from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 
@@ -625,7 +625,7 @@ async def test_stubborn_session_gets_mcp_servers_and_directories(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def fake_openai() -> Iterator[Any]:
-    from driver.testing.fake_responses import FakeResponses
+    from agent_lab.testing.fake_responses import FakeResponses
 
     with FakeResponses() as fake:
         yield fake
@@ -633,7 +633,7 @@ def fake_openai() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def fake_claude() -> Iterator[Any]:
-    from driver.testing.fake_anthropic import FakeAnthropic
+    from agent_lab.testing.fake_anthropic import FakeAnthropic
 
     with FakeAnthropic() as fake:
         yield fake

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from agent_lab.testing.ports import allow_first, reject_first
 
 from driver.protocol.boot import HostTool, McpServer
 from driver.protocol.commands import RunInput
-from driver.testing.ports import allow_first, reject_first
 from tests.adapters import wire
 from tests.adapters.test_acp import (  # noqa: F401 (fixtures)
     STUBBORN,

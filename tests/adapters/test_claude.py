@@ -16,6 +16,8 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
+from agent_lab.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
 
 from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
 from driver.adapters.claude import ClaudeAdapter
@@ -31,8 +33,6 @@ from driver.protocol.boot import (
     Skill,
 )
 from driver.protocol.commands import RunInput
-from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
-from driver.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
 from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 

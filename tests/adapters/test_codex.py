@@ -15,6 +15,15 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from agent_lab.testing.fake_responses import DEFAULT_TEXT, FakeResponses
+from agent_lab.testing.ports import (
+    EchoHostTools,
+    RecordingEvents,
+    ScriptedPermissions,
+    allow_first,
+    recording_ports,
+    reject_first,
+)
 
 from driver.adapters.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary
@@ -30,15 +39,6 @@ from driver.protocol.boot import (
     Skill,
 )
 from driver.protocol.commands import RunInput
-from driver.testing.fake_responses import DEFAULT_TEXT, FakeResponses
-from driver.testing.ports import (
-    EchoHostTools,
-    RecordingEvents,
-    ScriptedPermissions,
-    allow_first,
-    recording_ports,
-    reject_first,
-)
 from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from agent_lab.testing.fake_responses import FakeResponses
+from agent_lab.testing.ports import EchoHostTools, allow_first, reject_first
 
 from driver.adapters.codex import codex_binary
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import HostTool, McpServer
 from driver.protocol.commands import RunInput
-from driver.testing.fake_responses import FakeResponses
-from driver.testing.ports import EchoHostTools, allow_first, reject_first
 from tests.adapters import wire
 from tests.adapters.test_codex import ROOT, make
 from tests.helpers import attachments as attachment_files

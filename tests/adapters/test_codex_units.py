@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from agent_lab.testing.ports import recording_ports
 
 from driver.adapters import codex_notices, codex_requests
 from driver.adapters.base import AdapterConfig, PermissionDecision
@@ -15,7 +16,6 @@ from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
 from driver.protocol.boot import ExecutionConfig, McpServer, SessionConfig
 from driver.protocol.events import validate_payload
-from driver.testing.ports import recording_ports
 
 
 def _execution(**kw: object) -> ExecutionConfig:

@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from agent_lab.controlplane import ControlPlane
 
-from driver.controlplane import ControlPlane
 from tests.controlplane.client import INSTANCE, OTHER_TOKEN, TOKEN
 
 

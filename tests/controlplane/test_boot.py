@@ -9,11 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from agent_lab.controlplane import ControlPlane
+from agent_lab.controlplane.boot import main as boot_main
+from agent_lab.controlplane.cli import main as cli_main
 
 from driver.boot import read_boot_payload
-from driver.controlplane import ControlPlane
-from driver.controlplane.boot import main as boot_main
-from driver.controlplane.cli import main as cli_main
 from tests.controlplane.client import INSTANCE, TOKEN, batch, event, handshake, recv, send
 from tests.controlplane.test_http_api import printed_json
 
@@ -177,7 +177,7 @@ async def test_events_wait_times_out_with_status_1(
 
 
 async def test_a_pending_long_poll_ends_when_the_control_plane_stops(cp: ControlPlane) -> None:
-    from driver.controlplane.http_api import HttpApi
+    from agent_lab.controlplane.http_api import HttpApi
 
     path = f"/api/instances/{INSTANCE}/events?kind=run.failed&wait_ms=600000"
     waiting = asyncio.create_task(HttpApi(cp).dispatch("GET", path, f"Bearer {TOKEN}", b""))

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_lab.controlplane import ControlPlane
+from agent_lab.controlplane.console import ConsoleConfig, is_loopback
 
-from driver.controlplane import ControlPlane
-from driver.controlplane.console import ConsoleConfig, is_loopback
 from tests.controlplane.client import INSTANCE, TOKEN, batch, event, handshake, send
 
 CONSOLE_TOKEN = "console-token-abcdef123456"
@@ -244,9 +244,9 @@ def test_the_page_ships_as_package_data() -> None:
     import tomllib
 
     root = Path(__file__).resolve().parents[2]
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["driver.controlplane.console"]
-    static = root / "driver" / "controlplane" / "console" / "static"
+    config = tomllib.loads((root / "lab" / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["agent_lab.controlplane.console"]
+    static = root / "lab" / "agent_lab" / "controlplane" / "console" / "static"
     shipped = sorted(p.name for p in static.iterdir())
     assert {"index.html", "login.html", "console.css", "console.js"} <= set(shipped)
     for name in shipped:

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_lab.controlplane import ControlPlane
+from agent_lab.controlplane.cli import console_login_url
+from agent_lab.controlplane.console import ConsoleConfig
 
-from driver.controlplane import ControlPlane
-from driver.controlplane.cli import console_login_url
-from driver.controlplane.console import ConsoleConfig
 from tests.controlplane.browser import chromium
 from tests.controlplane.client import INSTANCE, TOKEN, batch, event, handshake, send
 

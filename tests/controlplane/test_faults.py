@@ -7,8 +7,8 @@ import time
 
 import msgspec
 import pytest
+from agent_lab.controlplane import ControlPlane, Faults
 
-from driver.controlplane import ControlPlane, Faults
 from tests.controlplane.client import INSTANCE, batch, close_code, dial, event, handshake, recv, send
 
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from agent_lab.controlplane import ControlPlane
+from agent_lab.controlplane.cli import main as cli_main
 
-from driver.controlplane import ControlPlane
-from driver.controlplane.cli import main as cli_main
 from tests.controlplane.client import (
     INSTANCE,
     OTHER_TOKEN,
@@ -167,7 +167,7 @@ async def test_cli_serve_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
     ws_port, http_port = free_port(), free_port()
     token_path = tmp_path / "cp.token"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from driver.controlplane.cli import main; sys.exit(main(sys.argv[1:]))",
+        sys.executable, "-c", "import sys; from agent_lab.controlplane.cli import main; sys.exit(main(sys.argv[1:]))",
         "--db", str(tmp_path / "cp.db"), "--token-file", str(token_path), "--port", str(ws_port),
         "--http-port", str(http_port), "--instance", INSTANCE,
         stderr=asyncio.subprocess.PIPE,

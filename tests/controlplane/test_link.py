@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from agent_lab.controlplane import ControlPlane
 from websockets.exceptions import InvalidStatus
 
-from driver.controlplane import ControlPlane
 from tests.controlplane.client import (
     INSTANCE,
     OTHER_TOKEN,

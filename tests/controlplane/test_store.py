@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from agent_lab.controlplane.store import CommandExists, Store
+from agent_lab.controlplane.validation import InvalidEvent, ValidEvent, check_event
 
-from driver.controlplane.store import CommandExists, Store
-from driver.controlplane.validation import InvalidEvent, ValidEvent, check_event
 from tests.controlplane.client import INSTANCE, event
 
 

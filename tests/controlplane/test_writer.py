@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from agent_lab.controlplane.store import CommandExists, Store
+from agent_lab.controlplane.writer import GroupWriter
 
-from driver.controlplane.store import CommandExists, Store
-from driver.controlplane.writer import GroupWriter
 from tests.controlplane.client import INSTANCE
 
 

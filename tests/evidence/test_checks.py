@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from driver.evidence import checks
-from driver.evidence.render import markdown
-from driver.evidence.report import Case, Claim, Report, judged, not_measured
-from driver.evidence.resume import EXPECTED
+from agent_lab.evidence import checks
+from agent_lab.evidence.render import markdown
+from agent_lab.evidence.report import Case, Claim, Report, judged, not_measured
+from agent_lab.evidence.resume import EXPECTED
 
 INSTANCE = "drv-t"
 TOKEN = "evidence-ctl-0123456789abcdef"
@@ -184,7 +183,7 @@ def test_percentiles_are_nearest_rank() -> None:
 
 
 def test_bench_goal_lines_reach_the_report() -> None:
-    from driver.evidence.performance import parse
+    from agent_lab.evidence.performance import parse
 
     out = 'table\n  goal x: NOT met (2 x)\nBENCH-GOAL {"goal": "x", "met": false, "measured": "2 x"}\n'
     goals = parse(out, "cold_start")
@@ -214,7 +213,7 @@ def test_the_markdown_opens_with_a_summary_per_claim_and_runtime() -> None:
     [(["--runs", "0"], "--runs"), (["--runtime", "gemini"], "--runtime"), (["--claim", "speed"], "--claim")],
 )
 def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from driver.evidence.cli import main
+    from agent_lab.evidence.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(argv)

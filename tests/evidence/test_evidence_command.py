@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from driver.evidence.report import CLAIMS
+from agent_lab.evidence.report import CLAIMS
 
 ROOT = Path(__file__).resolve().parents[2]
 VERDICTS = {"passed", "failed", "not_measured"}

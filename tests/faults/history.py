@@ -16,7 +16,8 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from driver.controlplane.server import ControlPlane
+from agent_lab.controlplane.server import ControlPlane
+
 from tests.integration.harness import INSTANCE
 
 TERMINALS = ("run.completed", "run.failed", "run.cancelled")

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from agent_lab.controlplane.server import ControlPlane
 
-from driver.controlplane.server import ControlPlane
 from tests.faults.conftest import Drivers
 from tests.faults.history import check_run
 from tests.faults.test_faults import booted, next_heartbeat, start_run, status

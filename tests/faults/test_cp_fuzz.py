@@ -18,9 +18,9 @@ import contextlib
 from typing import Any
 
 import pytest
+from agent_lab.controlplane.server import ControlPlane
 from hypothesis import HealthCheck, Phase, given, settings
 
-from driver.controlplane.server import ControlPlane
 from driver.protocol.frames import CommandFrame, FrameError, decode_inbound
 from tests.faults.conftest import Drivers
 from tests.faults.cp_frames import Frame, cp_frames, oversized_command

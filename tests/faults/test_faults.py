@@ -14,8 +14,8 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.controlplane.server import ControlPlane
 
-from driver.controlplane.server import ControlPlane
 from tests.faults.conftest import Drivers
 from tests.faults.history import check_instance, check_run, lossless, steps
 from tests.integration.harness import INSTANCE, control_plane

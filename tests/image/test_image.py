@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_lab.testing import codex_acp
 
-from driver.testing import codex_acp
 from tests.image.sandbox import (
     ROOT,
     ControlPlaneProcess,
@@ -122,12 +122,12 @@ def new_sandbox(image: Image, name: str, workspace_seen: str | None = None, boot
 @contextlib.contextmanager
 def model_endpoint(runtime: str) -> Iterator[Any]:
     if "claude" in runtime:
-        from driver.testing.fake_anthropic import FakeAnthropic
+        from agent_lab.testing.fake_anthropic import FakeAnthropic
 
         with FakeAnthropic() as fake:
             yield fake
     else:
-        from driver.testing.fake_responses import FakeResponses
+        from agent_lab.testing.fake_responses import FakeResponses
 
         with FakeResponses() as fake:
             yield fake

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-
-from driver.controlplane.server import ControlPlane
+from agent_lab.controlplane.server import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from driver.testing import codex_acp
-from driver.testing.fakes import Fakes
+from agent_lab.testing import codex_acp
+from agent_lab.testing.fakes import Fakes
+
 from tests.integration.harness import INSTANCE, ROOT, STUBBORN, TOKEN
 
 RUNTIMES = ("claude-agent-sdk", "openai-app-server", "acp:codex-acp")

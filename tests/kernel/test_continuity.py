@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.controlplane.server import ControlPlane
 
-from driver.controlplane.server import ControlPlane
 from tests.integration.harness import INSTANCE, TOKEN, boot_payload, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes

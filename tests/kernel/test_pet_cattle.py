@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from agent_lab.controlplane.server import ControlPlane
 
-from driver.controlplane.server import ControlPlane
 from tests.integration.harness import INSTANCE, TOKEN, boot_payload
 from tests.kernel.support import Driver
 

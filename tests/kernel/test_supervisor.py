@@ -12,13 +12,13 @@ from typing import Any, ClassVar
 import anyio
 import anyio.abc
 import pytest
+from agent_lab.testing.ports import recording_ports
 
 from driver.adapters.base import Adapter, AdapterConfig, ProviderError, TurnOutcome
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
 from driver.supervision import CrashWindow
 from driver.supervisor import ProviderSupervisor
-from driver.testing.ports import recording_ports
 
 
 class ScriptedAdapter(Adapter):

@@ -9,10 +9,10 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.testing.ports import EchoHostTools
 
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import HostTool
-from driver.testing.ports import EchoHostTools
 
 TOOLS = [HostTool(name="lookup_order", description="Look up an order", input_schema={"type": "object"})]
 

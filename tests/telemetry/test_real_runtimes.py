@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.testing.otlp_receiver import OtlpReceiver
 
-from driver.testing.otlp_receiver import OtlpReceiver
 from tests.integration.harness import INSTANCE, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes

@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 from driver.telemetry.tracing import valid
-from driver.testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.integration.harness import INSTANCE, boot_payload, control_plane
 from tests.kernel.support import Driver
 from tests.kernel.test_supervision import FAST

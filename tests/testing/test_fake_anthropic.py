@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from driver.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, FakeAnthropic, plan_reply
+from agent_lab.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, FakeAnthropic, plan_reply
 
 
 @pytest.fixture(scope="module")

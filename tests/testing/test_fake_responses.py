@@ -9,8 +9,7 @@ from typing import Any
 
 import openai
 import pytest
-
-from driver.testing.fake_responses import (
+from agent_lab.testing.fake_responses import (
     DEFAULT_TEXT,
     ERROR_MESSAGE,
     FakeResponses,

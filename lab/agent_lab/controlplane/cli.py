@@ -1,0 +1,279 @@
+"""`agent-driver controlplane ...`: run the reference control plane, or talk to its HTTP API.
+
+agent-driver controlplane [serve] --db cp.db --token-file cp.token [--host 127.0.0.1] [--port 8765]
+                          [--http-port 8766] [--instance ID ...] [--heartbeat-ms 5000]
+                          [--http-host 127.0.0.1 --console-token-file console.token] [--artifacts ID=DIR ...]
+    Serve ws://HOST:PORT/driver, and the HTTP API and the web console on http://HTTP_HOST:HTTP_PORT. The
+    token file holds the bearer token (created with a random token, mode 0600, when missing). Without
+    --instance the token may drive any instance id. The console needs its own token: the one in
+    --console-token-file (created when missing), else a random one for this process, printed in the
+    console's login URL. A non-loopback --http-host needs --console-token-file, and then every request
+    on that port needs the console token. --artifacts names where an instance's cwd is readable here,
+    so its artifacts can be downloaded.
+
+agent-driver controlplane send --url http://127.0.0.1:8766 --token-file cp.token --instance ID
+                          --kind input.start [--run-id R] [--text "..."] [--field key=value ...]
+                          [--json '{"...": ...}'] [--command-id ID]
+    Queue a command (sent at once when the instance is connected). `--field` values are parsed as
+    JSON when they parse, else taken as strings. For input.start, `--text` builds `input` and a run
+    id is generated when none is given.
+
+agent-driver controlplane events   --url ... --token-file ... --instance ID [--after-seq N] [--kind K]
+                          [--wait SECONDS]
+    With --wait: when nothing matches yet, wait up to SECONDS for a match (exit 1 if none came).
+agent-driver controlplane commands --url ... --token-file ... --instance ID
+agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
+agent-driver controlplane terminate --url ... --token-file ... --instance ID
+agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
+    Mint a one-time boot payload (mode 0600) pointing at the running control plane, with its token.
+    See `agent-driver controlplane boot --help` and lab/agent_lab/controlplane/boot.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import ssl
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "boot":
+        from agent_lab.controlplane.boot import main as boot_main
+
+        return boot_main(argv[1:])
+    if argv and argv[0] in CLIENT_COMMANDS:
+        return _client(argv[0], argv[1:])
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    return _serve(argv)
+
+
+# -- server -------------------------------------------------------------------------------------
+
+
+def read_or_create_token(path: Path) -> str:
+    """The token in `path`; a fresh random one (file mode 0600) if the file does not exist."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        print(f"wrote a new token to {path}", file=sys.stderr)
+    if not token:
+        raise SystemExit(f"token file {path} is empty")
+    return token
+
+
+def _serve(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="agent-driver controlplane",
+        description="Run the reference control plane.",
+        epilog="client commands (each with --help): " + ", ".join((*CLIENT_COMMANDS, "boot")),
+    )
+    p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
+    p.add_argument("--token-file", required=True, type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--http-port", type=int, default=8766, help="HTTP API and console port (-1: neither)")
+    p.add_argument("--http-host", default="127.0.0.1", help="HTTP host (not loopback: needs --console-token-file)")
+    p.add_argument("--console-token-file", type=Path, help="the console's token (created when missing)")
+    p.add_argument(
+        "--artifacts", action="append", default=[], metavar="ID=DIR", help="instance ID's cwd, as seen from here"
+    )
+    p.add_argument("--instance", action="append", default=None, help="allowed instance id (repeatable)")
+    p.add_argument("--heartbeat-ms", type=int, default=5000)
+    p.add_argument("--tls-cert", type=Path, help="serve wss:// with this certificate chain (PEM)")
+    p.add_argument("--tls-key", type=Path, help="private key for --tls-cert (PEM)")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+
+    from agent_lab.controlplane.console import is_loopback
+    from driver.logs import REDACTOR, configure
+
+    if not is_loopback(args.http_host) and args.console_token_file is None:
+        print(
+            f"agent-driver controlplane: --http-host {args.http_host} is not loopback; "
+            "it needs --console-token-file (every request on that port then needs that token)",
+            file=sys.stderr,
+        )
+        return 2
+    artifact_roots = _artifact_roots(args.artifacts)
+    token = read_or_create_token(args.token_file)
+    console_token = (
+        secrets.token_urlsafe(24) if args.console_token_file is None else read_or_create_token(args.console_token_file)
+    )
+    REDACTOR.add([token, console_token])
+    configure(args.log_level)
+    return asyncio.run(_run_server(args, token, console_token, artifact_roots))
+
+
+def _artifact_roots(pairs: list[str]) -> dict[str, Path]:
+    roots: dict[str, Path] = {}
+    for pair in pairs:
+        instance, sep, folder = pair.partition("=")
+        if not sep or not instance or not folder:
+            raise SystemExit(f"--artifacts expects ID=DIR, got {pair!r}")
+        roots[instance] = Path(folder)
+    return roots
+
+
+def console_login_url(http_url: str, token: str, show_token: bool) -> str:
+    """The console's URL; with `show_token` a one-click login link (the token is this process's own)."""
+    return f"{http_url}/?{urllib.parse.urlencode({'token': token})}" if show_token else f"{http_url}/"
+
+
+async def _run_server(args: argparse.Namespace, token: str, console_token: str, roots: dict[str, Path]) -> int:
+    from agent_lab.controlplane.console import ConsoleConfig
+    from agent_lab.controlplane.server import ControlPlane
+
+    context = None
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    cp = ControlPlane(
+        args.db,
+        tokens={token: args.instance},
+        host=args.host,
+        port=args.port,
+        http_port=None if args.http_port < 0 else args.http_port,
+        heartbeat_interval_ms=args.heartbeat_ms,
+        ssl_context=context,
+        console=ConsoleConfig(token=console_token, host=args.http_host, artifact_roots=roots),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with cp:
+        print(f"control plane: {cp.url}  api: {cp.http_url or '-'}", file=sys.stderr, flush=True)
+        if cp.http_url is not None:
+            shown = args.console_token_file is None
+            where = "" if shown else f" (log in with the token in {args.console_token_file})"
+            url = console_login_url(cp.http_url, console_token, shown)
+            print(f"console: {url}{where}", file=sys.stderr, flush=True)
+        await stop.wait()
+    return 0
+
+
+# -- client -------------------------------------------------------------------------------------
+
+
+def _client(command: str, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"agent-driver controlplane {command}")
+    p.add_argument("--url", default="http://127.0.0.1:8766", help="the control plane's HTTP API")
+    p.add_argument("--token-file", required=True, type=Path)
+    if command != "faults":
+        p.add_argument("--instance", required=True)
+    if command == "send":
+        p.add_argument("--kind", required=True)
+        p.add_argument("--command-id")
+        p.add_argument("--run-id")
+        p.add_argument("--text")
+        p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--json", dest="body", help="a JSON object of fields")
+    elif command == "events":
+        p.add_argument("--after-seq", type=int)
+        p.add_argument("--kind", action="append")
+        p.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for a matching event")
+    elif command == "faults":
+        p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+        p.add_argument("--reset", action="store_true")
+    args = p.parse_args(argv)
+    token = args.token_file.read_text().strip()
+    base = args.url.rstrip("/")
+
+    if command == "faults":
+        if not args.set and not args.reset:
+            return _show(_call(base, token, "GET", "/api/faults"))
+        body = {k: v for k, v in (_pair(s) for s in args.set)}
+        if args.reset:
+            body["reset"] = True
+        return _show(_call(base, token, "POST", "/api/faults", body))
+
+    prefix = "/api/instances/" + urllib.parse.quote(args.instance, safe="")
+    if command == "send":
+        return _show(_call(base, token, "POST", prefix + "/commands", _command_body(args)))
+    if command == "events":
+        query: list[tuple[str, str]] = [("kind", k) for k in args.kind or []]
+        if args.after_seq is not None:
+            query.append(("after_seq", str(args.after_seq)))
+        if args.wait is not None:
+            query.append(("wait_ms", str(round(args.wait * 1000))))
+        suffix = "?" + urllib.parse.urlencode(query) if query else ""
+        status, answer = _call(base, token, "GET", prefix + "/events" + suffix, timeout=30 + (args.wait or 0))
+        if args.wait is not None and status == 200 and not answer.get("events"):
+            print(json.dumps(answer, indent=2))
+            print(f"no matching event within {args.wait:g} s", file=sys.stderr)
+            return 1
+        return _show((status, answer))
+    if command == "commands":
+        return _show(_call(base, token, "GET", prefix + "/commands"))
+    return _show(_call(base, token, "POST", prefix + "/terminate", {}))
+
+
+def _pair(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def _command_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.body:
+        loaded = json.loads(args.body)
+        if not isinstance(loaded, dict):
+            raise SystemExit("--json must be a JSON object")
+        body.update(loaded)
+    body.update(_pair(f) for f in args.field)
+    body["kind"] = args.kind
+    if args.command_id:
+        body["command_id"] = args.command_id
+    if args.run_id:
+        body["run_id"] = args.run_id
+    if args.text is not None:
+        body["input"] = {"text": args.text, "attachments": []}
+    if args.kind == "input.start" and "run_id" not in body:
+        body["run_id"] = f"run-{uuid.uuid4().hex[:12]}"
+    return body
+
+
+def _call(
+    base: str, token: str, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30
+) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except urllib.error.URLError as exc:
+        return 0, {"error": f"cannot reach {base}: {exc.reason}"}
+
+
+def _show(answer: tuple[int, Any]) -> int:
+    status, body = answer
+    print(json.dumps(body, indent=2))
+    return 0 if 200 <= status < 300 else 1

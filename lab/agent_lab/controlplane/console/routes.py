@@ -1,0 +1,180 @@
+"""The console's own routes on the HTTP API port; everything else falls through to the JSON API.
+
+    GET  /                                      the page (the login form without a token)
+    GET  /?token=T                              log in from the printed URL: sets the cookie, redirects to /
+    POST /login                                 the login form (token=T)
+    GET  /static/{file}                         the page's CSS and JavaScript
+    GET  /console/instances                     every known instance, summarised
+    GET  /console/instances/{id}/stream         SSE (see stream.py); resumes from Last-Event-ID or ?after=ROW
+    POST /console/instances/{id}/uploads?name=N the raw bytes -> an attachment for input.start
+    GET  /console/instances/{id}/artifacts?event_id=E   the artifact's bytes
+    GET  /uploads/{key}/{name}                  an uploaded attachment (the driver fetches it)
+
+The JSON API (`/api/...`) accepts the console token (cookie or bearer) as a token for every instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from http import HTTPStatus
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, quote
+
+from agent_lab.controlplane.console import files
+from agent_lab.controlplane.console.auth import has_token, login_cookie, token_matches
+from agent_lab.controlplane.console.httpio import HttpError, Request, respond, respond_json
+from agent_lab.controlplane.console.queries import ConsoleQueries
+from agent_lab.controlplane.console.stream import InstanceStream
+from agent_lab.controlplane.console.views import InstanceViews
+
+if TYPE_CHECKING:
+    from agent_lab.controlplane.console.config import ConsoleConfig
+    from agent_lab.controlplane.server import ControlPlane
+
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".png": "image/png"}
+HTML = "text/html; charset=utf-8"
+# The page loads nothing from elsewhere and runs only its own script.
+CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
+
+
+def _static(name: str) -> bytes:
+    return resources.files("agent_lab.controlplane.console").joinpath("static", name).read_bytes()
+
+
+class Console:
+    def __init__(self, cp: ControlPlane, config: ConsoleConfig) -> None:
+        self.cp = cp
+        self.config = config
+        self.queries = ConsoleQueries(cp.db_path)
+        self.views = InstanceViews(cp, self.queries)
+        self.uploads = config.uploads_dir or cp.db_path.with_name(cp.db_path.name + ".uploads")
+        self._streams: set[InstanceStream] = set()
+
+    def authorized(self, request: Request) -> bool:
+        return has_token(self.config.token, request.headers)
+
+    def close_streams(self) -> None:
+        """At stop: end every open stream, then release the store connection (streams touch it only
+        synchronously and only while open)."""
+        for stream in list(self._streams):
+            stream.close()
+        self.queries.close()
+
+    async def handle(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        """Answer the request if it is the console's (or refused by the token gate); False otherwise."""
+        try:
+            return await self._route(request, writer)
+        except HttpError as exc:
+            await respond_json(writer, exc.status, {"error": exc.message})
+            return True
+
+    async def _route(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        parts, method = request.parts, request.method
+        head = parts[0] if parts else ""
+        if head == "static" and len(parts) == 2 and method == "GET":
+            await self._serve_static(parts[1], writer)
+            return True
+        if head == "uploads" and len(parts) == 3 and method == "GET":
+            data = files.read_upload(self.uploads, parts[1], parts[2])
+            await respond(writer, HTTPStatus.OK, data, "application/octet-stream")
+            return True
+        if parts == [""] and method == "GET":
+            await self._page(request, writer)
+            return True
+        if parts == ["login"] and method == "POST":
+            form = parse_qs((await request.body(4096)).decode("utf-8", "replace"))
+            await self._login(form.get("token", [""])[0], writer)
+            return True
+        authorized = self.authorized(request)
+        if head == "console":
+            if not authorized:
+                raise HttpError(HTTPStatus.UNAUTHORIZED, "log in to the console first (its token is missing or wrong)")
+            await self._console_api(request, parts[1:], writer)
+            return True
+        if self.config.gate_everything and not authorized:
+            raise HttpError(HTTPStatus.UNAUTHORIZED, "this port needs the console token (bearer or login cookie)")
+        return False
+
+    async def _serve_static(self, name: str, writer: asyncio.StreamWriter) -> None:
+        kind = STATIC_TYPES.get(Path(name).suffix)
+        if kind is None or "/" in name or name.startswith("."):
+            raise HttpError(HTTPStatus.NOT_FOUND, "not found")
+        try:
+            data = _static(name)
+        except FileNotFoundError:
+            raise HttpError(HTTPStatus.NOT_FOUND, "not found") from None
+        await respond(writer, HTTPStatus.OK, data, kind)
+
+    async def _page(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        token = request.arg("token")
+        if token is not None:
+            await self._login(token, writer)
+        elif self.authorized(request):
+            await respond(writer, HTTPStatus.OK, _static("index.html"), HTML, {"Content-Security-Policy": CSP})
+        else:
+            await self._login_page(writer, HTTPStatus.OK, "")
+
+    async def _login(self, token: str, writer: asyncio.StreamWriter) -> None:
+        if token and token_matches(self.config.token, token):
+            await respond(writer, HTTPStatus.SEE_OTHER, b"", HTML, {"Location": "/", "Set-Cookie": login_cookie(token)})
+        else:
+            await self._login_page(writer, HTTPStatus.UNAUTHORIZED, "That is not the console token.")
+
+    async def _login_page(self, writer: asyncio.StreamWriter, status: int, message: str) -> None:
+        page = _static("login.html").decode().replace("{{message}}", message)
+        await respond(writer, status, page.encode(), HTML, {"Content-Security-Policy": CSP})
+
+    async def _console_api(self, request: Request, rest: list[str], writer: asyncio.StreamWriter) -> None:
+        method = request.method
+        if rest == ["instances"] and method == "GET":
+            await respond_json(writer, HTTPStatus.OK, {"instances": self.views.all()})
+            return
+        if len(rest) != 3 or rest[0] != "instances":
+            raise HttpError(HTTPStatus.NOT_FOUND, "not found")
+        instance_id, action = rest[1], rest[2]
+        if action == "stream" and method == "GET":
+            await self._stream(request, instance_id, writer)
+        elif action == "uploads" and method == "POST":
+            data = await request.body(files.MAX_UPLOAD)
+            path, fields = files.save_upload(self.uploads, files.plain_name(request.arg("name")), data)
+            base = self.cp.http_url or ""
+            await respond_json(writer, HTTPStatus.CREATED, {**fields, "url": base + quote(path)})
+        elif action == "artifacts" and method == "GET":
+            await self._artifact(instance_id, request.arg("event_id") or "", writer)
+        else:
+            raise HttpError(HTTPStatus.NOT_FOUND, "not found")
+
+    async def _stream(self, request: Request, instance_id: str, writer: asyncio.StreamWriter) -> None:
+        raw = request.headers.get("last-event-id") or request.arg("after") or "0"
+        try:
+            cursor = int(raw)
+        except ValueError:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "Last-Event-ID / after must be an integer") from None
+        stream = InstanceStream(self.cp, self.queries, self.views, instance_id, cursor, writer)
+        self._streams.add(stream)
+        try:
+            await stream.run()
+        except ConnectionError:
+            pass  # the browser went away (it reconnects with Last-Event-ID)
+        finally:
+            self._streams.discard(stream)
+            stream.close()
+
+    async def _artifact(self, instance_id: str, event_id: str, writer: asyncio.StreamWriter) -> None:
+        event = self.queries.event(instance_id, event_id)
+        if event is None or event["kind"] != "artifact.produced":
+            raise HttpError(HTTPStatus.NOT_FOUND, "no such artifact.produced event")
+        payload = event["payload"]
+        rel, digest = str(payload.get("path")), str(payload.get("sha256"))
+        data = files.read_artifact(self.config.artifact_roots.get(instance_id), rel, digest)
+        filename = json.dumps(Path(rel).name)  # a quoted-string for Content-Disposition
+        await respond(
+            writer,
+            HTTPStatus.OK,
+            data,
+            "application/octet-stream",
+            {"Content-Disposition": f"attachment; filename={filename}"},
+        )

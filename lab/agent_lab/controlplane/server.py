@@ -1,0 +1,325 @@
+"""The reference control plane: a real WebSocket server for PROTOCOL §2-§4 over a SQLite store.
+
+Used in-process by the integration and fault tests and embedded by `agent-driver dev`, and run on its
+own by `agent-driver controlplane`. One `Link` per accepted connection; at most one per instance
+(a newer one supersedes the older with 4409). Events are stored (and committed) before their receipt
+is built, and every fault knob is applied in `_on_frame` / `_send_receipt` only.
+
+The parts, mixed into `ControlPlane`: `handshake.LinkHandling` (accepting links, hello/welcome,
+keepalive, closing), `intake.EventIntake` (frames, batches, receipts), `command_queue.CommandQueue`
+(commands and their replay); `link` holds the per-connection record, close codes and tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+from websockets.asyncio.server import Server, serve
+
+from agent_lab.controlplane.command_queue import CommandQueue
+from agent_lab.controlplane.faults import Faults
+from agent_lab.controlplane.handshake import LinkHandling
+from agent_lab.controlplane.intake import EventIntake
+from agent_lab.controlplane.link import Link, TokenConfig, token_allows
+from agent_lab.controlplane.live import Broker, Item, Subscription
+from agent_lab.controlplane.store import Store
+from agent_lab.controlplane.writer import GroupWriter
+from driver import logs
+from driver.protocol.frames import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    TERMINAL_STATUSES,
+)
+
+if TYPE_CHECKING:
+    from agent_lab.controlplane.console.config import ConsoleConfig
+    from agent_lab.controlplane.http_api import HttpListener
+
+log = logs.get("agent_driver.controlplane")
+
+R = TypeVar("R")
+
+
+class ControlPlane(LinkHandling, EventIntake, CommandQueue):
+    """`async with ControlPlane(db, tokens={"tok": {"drv-1"}}) as cp:` then point a driver at `cp.url`."""
+
+    def __init__(
+        self,
+        db_path: str | Path,
+        *,
+        tokens: TokenConfig,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        http_port: int | None = 0,
+        path: str = "/driver",
+        heartbeat_interval_ms: int = 5000,
+        max_batch_events: int = 256,
+        max_batch_bytes: int = 1_048_576,
+        max_event_bytes: int = 262_144,
+        hello_timeout_s: float = 10.0,
+        close_timeout_s: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        console: ConsoleConfig | None = None,
+    ) -> None:
+        self.db_path = Path(db_path)
+        self.host = host
+        self.port = port
+        self.http_port = http_port
+        self.path = path
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_batch_events = max_batch_events
+        self.max_batch_bytes = max_batch_bytes
+        self.max_event_bytes = max_event_bytes
+        self.hello_timeout_s = hello_timeout_s
+        # How long a close waits for the peer's close frame before dropping the TCP connection.
+        self.close_timeout_s = close_timeout_s
+        # With a server TLS context the link is wss:// (the HTTP API stays plain, on loopback).
+        self.ssl_context = ssl_context
+        # With a console config the HTTP port also serves the web console (and may leave loopback).
+        self.console_config = console
+        self.faults = Faults()
+        self.refused_frames: list[int] = []  # sizes of frames refused with 1009 (fault knob)
+        self._tokens: dict[str, frozenset[str] | None] = {
+            t: (None if ids is None else frozenset(ids)) for t, ids in tokens.items()
+        }
+        self._links: dict[str, Link] = {}
+        self._history: list[dict[str, Any]] = []
+        self._heartbeats: dict[str, dict[str, Any]] = {}
+        # One broker for the object's life: subscriptions and waits carry over a restart().
+        self._live = Broker()
+        self._server: Server | None = None
+        self._http: HttpListener | None = None
+        self.stopping = False  # set while stop() runs: ends the HTTP API's long polls (events?wait_ms=)
+        self._writer: GroupWriter | None = None
+        self._reader: Store | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ControlPlane:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+        self._live.close_all()
+
+    async def start(self) -> None:
+        """Open the store and listen. After a `stop()`, listens again on the same ports."""
+        from agent_lab.controlplane.http_api import start_http_api
+
+        self.stopping = False
+        self._writer = GroupWriter(self.db_path)
+        await self._writer.start()
+        if self._reader is None:
+            self._reader = Store(self.db_path, create=False)
+        self._server = await serve(
+            self._handle,
+            self.host,
+            self.port,
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            process_request=self._process_request,
+            max_size=MAX_FRAME_BYTES,
+            # Our own keepalive (`_keepalive`) pings and closes with 4408, as PROTOCOL §2.5 asks.
+            ping_interval=None,
+            ping_timeout=None,
+            compression=None,
+            close_timeout=self.close_timeout_s,
+            ssl=self.ssl_context,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        if self.http_port is not None:
+            self._http = await start_http_api(self, self.http_port)
+            self.http_port = self._http.port
+        log.info("controlplane.started", url=self.url, http_url=self.http_url, db=str(self.db_path))
+
+    async def stop(self, close_code: int = 1001) -> None:
+        """Close every link with `close_code` (1001 going away, 1012 restart), then stop listening."""
+        self.stopping = True
+        self._live.changed()
+        await asyncio.gather(
+            *(self._close(link.ws, close_code, "control plane stopping") for link in list(self._links.values()))
+        )
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self._http is not None:
+            self._http.close()
+            await self._http.wait_closed()
+            self._http = None
+        self._live.changed()
+        if self._writer is not None:
+            await self._writer.close()
+            self._writer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        log.info("controlplane.stopped")
+
+    async def restart(self, close_code: int = 1012) -> None:
+        """Stop and start again on the same ports and database. Links get `close_code`: 1012 (service
+        restart) by default; 1006 drops every TCP connection without a close frame, like a crash."""
+        await self.stop(close_code)
+        await self.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        scheme = "ws" if self.ssl_context is None else "wss"
+        return f"{scheme}://{host}:{self.port}{self.path}"
+
+    @property
+    def http_url(self) -> str | None:
+        if self.http_port is None:
+            return None
+        host = "127.0.0.1" if self.console_config is None else self.console_config.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
+
+    # -- queries (for tests and the HTTP API) ---------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """A read connection on the event loop thread (sees every committed write); it stays usable
+        after `stop()`, so a test can inspect the history once the control plane is gone."""
+        if self._reader is None:
+            self._reader = Store(self.db_path, create=False)
+        return self._reader
+
+    def events(
+        self,
+        instance_id: str,
+        kinds: Iterable[str] | str | None = None,
+        run_id: str | None = None,
+        after_seq: int | None = None,
+        delivery: str | None = None,
+    ) -> list[dict[str, Any]]:
+        if isinstance(kinds, str):
+            kinds = [kinds]
+        return self.store.events(instance_id, kinds=kinds, run_id=run_id, after_seq=after_seq, delivery=delivery)
+
+    def commands(self, instance_id: str) -> list[dict[str, Any]]:
+        return self.store.commands(instance_id)
+
+    def command(self, command_id: str) -> dict[str, Any] | None:
+        return self.store.command(command_id)
+
+    def command_updates(self, command_id: str) -> list[dict[str, Any]]:
+        return self.store.command_updates(command_id)
+
+    def connected(self, instance_id: str) -> bool:
+        link = self._links.get(instance_id)
+        return link is not None and link.ready
+
+    def connected_instances(self) -> list[str]:
+        return sorted(i for i, link in self._links.items() if link.ready)
+
+    def hello(self, instance_id: str) -> dict[str, Any] | None:
+        """The `hello` of the instance's current link, as a dict."""
+        link = self._links.get(instance_id)
+        return None if link is None else msgspec.to_builtins(link.hello)  # type: ignore[no-any-return]
+
+    def last_heartbeat(self, instance_id: str) -> dict[str, Any] | None:
+        return self._heartbeats.get(instance_id)
+
+    def token_allows(self, authorization: str | None) -> bool | frozenset[str]:
+        """For an `Authorization` header value: False, True (any instance) or the allowed instance ids."""
+        return token_allows(self._tokens, authorization)
+
+    def link_history(self, instance_id: str | None = None) -> list[dict[str, Any]]:
+        """Every closed connection (refused ones too): instance, epoch, connection id, close code."""
+        return [h for h in self._history if instance_id is None or h["instance_id"] == instance_id]
+
+    # -- live -----------------------------------------------------------------------------------
+
+    def subscribe(self, instance_id: str | None = None) -> Subscription:
+        """Items from now on for one instance (or all): stored events, command updates, heartbeats,
+        link up/down. Close it (or use it as a context manager) when done."""
+        return self._live.subscribe(instance_id)
+
+    async def wait_for(self, instance_id: str | None, predicate: Callable[[Item], bool], timeout: float = 10.0) -> Item:
+        """The first live item (see `subscribe`) matching `predicate` from now on."""
+        with self.subscribe(instance_id) as sub:
+            async with asyncio.timeout(timeout):
+                async for item in sub:
+                    if predicate(item):
+                        return item
+        raise RuntimeError("control plane stopped while waiting")
+
+    async def wait_for_event(
+        self,
+        instance_id: str,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout: float = 10.0,
+        kinds: Iterable[str] | str | None = None,
+    ) -> dict[str, Any]:
+        """The first stored event (already stored or arriving later) for which `predicate` holds.
+
+        `kinds` narrows the scan of what is already stored (worth it on long histories)."""
+        wanted = {kinds} if isinstance(kinds, str) else (None if kinds is None else set(kinds))
+        with self.subscribe(instance_id) as sub:
+            for event in self.store.events(instance_id, kinds=wanted):
+                if predicate(event):
+                    return event
+            async with asyncio.timeout(timeout):
+                async for item in sub:
+                    if item["type"] != "event" or (wanted is not None and item["kind"] not in wanted):
+                        continue
+                    event = {k: v for k, v in item.items() if k != "type"}
+                    if predicate(event):
+                        return event
+        raise RuntimeError("control plane stopped while waiting")
+
+    async def wait_until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Re-check `condition` after every change in the control plane until it holds."""
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await self._live.wait_change()
+
+    async def wait_for_command_status(
+        self, command_id: str, statuses: Iterable[str] | str = TERMINAL_STATUSES, timeout: float = 10.0
+    ) -> dict[str, Any]:
+        wanted = {statuses} if isinstance(statuses, str) else set(statuses)
+        found: dict[str, Any] = {}
+
+        def reached() -> bool:
+            cmd = self.store.command(command_id)
+            if cmd is not None and cmd["status"] in wanted:
+                found.update(cmd)
+                return True
+            return False
+
+        await self.wait_until(reached, timeout)
+        return found
+
+    async def wait_connected(self, instance_id: str, timeout: float = 10.0) -> None:
+        await self.wait_until(lambda: self.connected(instance_id), timeout)
+
+    async def wait_disconnected(self, instance_id: str, timeout: float = 10.0) -> None:
+        await self.wait_until(lambda: instance_id not in self._links, timeout)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _writer_or_fail(self) -> GroupWriter:
+        if self._writer is None:
+            raise RuntimeError("control plane is not running")
+        return self._writer
+
+    async def _write(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run a Store write in the store thread; returns after the COMMIT (and its fsync)."""
+        if self._writer is None:
+            raise RuntimeError("control plane is not running")
+        return await self._writer.submit(fn, *args)
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

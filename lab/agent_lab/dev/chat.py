@@ -1,0 +1,396 @@
+"""The chat: one loop over actions (typed lines, signals, and what the control plane reports)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from agent_lab.dev.common import (
+    CONSOLE_PREFIX,
+    HELP,
+    READY_TIMEOUT_S,
+    RUN_TERMINALS,
+    STOP_TIMEOUT_S,
+    USER_PROMPT,
+    Action,
+    DevPaths,
+    new_command_id,
+)
+from agent_lab.dev.launch import end_process, log_tail
+from agent_lab.dev.view import Status, Transcript, choose_option, short
+
+if TYPE_CHECKING:
+    from agent_lab.controlplane.live import Subscription
+    from agent_lab.controlplane.server import ControlPlane
+
+
+@dataclass
+class _Run:
+    run_id: str
+    command_id: str
+    cancel_sent: bool = False
+    terminal_seen: bool = False
+
+
+class DevChat:
+    """Sends commands through the control plane and shows the events it stores.
+
+    Every state change happens in `serve`'s loop, one action at a time: typed lines, Ctrl-C, the
+    driver's exit, and the pump's notices (ready, run ended, permission asked). Lines typed while a
+    run is active wait their turn, so a script can type ahead and `/quit` last.
+    """
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        paths: DevPaths,
+        driver: asyncio.subprocess.Process,
+        out: TextIO,
+        actions: asyncio.Queue[Action],
+        *,
+        once: str | None,
+        prompts: bool,
+        color: bool,
+    ) -> None:
+        self.cp = cp
+        self.instance_id = paths.instance_id
+        self.driver = driver
+        self.paths = paths
+        self.out = out
+        self.once = once
+        self.prompts = prompts  # stdin is a terminal: show "you> " and "allow? [y/n] "
+        self.actions = actions
+        self.transcript = Transcript(color)
+        self.status = Status()
+        self.phase = "starting"  # starting | idle | running | stopping
+        self.run: _Run | None = None
+        self.waiting: deque[Action] = deque()  # typed ahead: ("input", text) | ("quit", None)
+        self.permissions: deque[Mapping[str, Any]] = deque()
+        self.stdin_open = once is None
+        self.link_lost = False
+        self.commands: dict[str, str] = {}  # command id -> kind, for commands this chat sent
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- output ---------------------------------------------------------------------------------
+    def write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def say(self, text: str) -> None:
+        self.write(self.transcript.line(text))
+
+    def prompt(self) -> None:
+        if self.prompts and self.phase == "idle" and not self.waiting and not self.permissions:
+            self.write(USER_PROMPT)
+            self.transcript.mark_line_start(False)
+
+    def push(self, action: Action) -> None:
+        self.actions.put_nowait(action)
+
+    # -- the pump: control-plane items -> output and actions --------------------------------------
+    async def pump(self, sub: Subscription) -> None:
+        try:
+            async for item in sub:
+                kind = item.get("type")
+                if kind == "event":
+                    self._on_event(item)
+                elif kind == "heartbeat":
+                    self.status.heartbeat(item, time.monotonic())
+                elif kind == "link":
+                    self._on_link(item)
+                elif kind == "command.update":
+                    self._on_update(item)
+                elif kind == "command" and item.get("command_id") not in self.commands:
+                    self.push(("elsewhere", item.get("command_id")))
+        except Exception as exc:  # a bug here must not leave the user typing into a dead chat
+            self.say(f"[dev] internal error while showing events: {type(exc).__name__}: {exc}")
+            self.push(("stop", "internal error"))
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        self.write(self.transcript.event(event))
+        kind = event["kind"]
+        run = self.run
+        if kind == "driver.started":
+            self.push(("ready", None))
+        elif kind in RUN_TERMINALS and run is not None and event.get("run_id") == run.run_id:
+            run.terminal_seen = True
+            self.push(("run_ended", kind))
+        elif kind == "permission.requested":
+            self.push(("permission", event["payload"]))
+        elif kind == "permission.resolved":
+            self.push(("permission_settled", event["payload"]))
+
+    def _on_link(self, item: Mapping[str, Any]) -> None:
+        self.status.connected = item.get("state") == "up"
+        if self.phase == "stopping":
+            return
+        if not self.status.connected:
+            self.link_lost = True
+            self.say(f"[link] down (close code {item.get('close_code')}); the driver reconnects by itself")
+        elif self.link_lost:
+            self.link_lost = False
+            self.say("[link] up again")
+
+    def _on_update(self, item: Mapping[str, Any]) -> None:
+        kind = self.commands.get(str(item.get("command_id")))
+        if kind is None or item.get("status") != "failed":
+            return
+        error = item.get("error") or {}
+        run = self.run
+        if kind == "input.start":
+            if run is None or run.command_id != item.get("command_id") or run.terminal_seen:
+                return  # the run's own terminal event already told the story
+            run.terminal_seen = True
+            self.say(f"[input refused] {error.get('code')}: {error.get('message')}")
+            self.push(("run_ended", "refused"))
+            return
+        self.say(f"[{kind} failed] {error.get('code')}: {error.get('message')}")
+
+    # -- commands -------------------------------------------------------------------------------
+    async def send(self, kind: str, command_id: str | None = None, **fields: Any) -> None:
+        command_id = command_id or new_command_id()
+        self.commands[command_id] = kind  # before sending: its update may come back at once
+        await self.cp.send_command(self.instance_id, kind, command_id=command_id, **fields)
+
+    async def start_run(self, text: str) -> None:
+        """A new run id each time; the run is known before its command goes out, so no event of
+        it can arrive unrecognised."""
+        self.run = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
+        self.phase = "running"
+        await self.send("input.start", self.run.command_id, run_id=self.run.run_id, input={"text": text})
+
+    async def stop(self, why: str) -> None:
+        if self.phase == "stopping":
+            return
+        self.phase = "stopping"
+        dropped = sum(1 for kind, _ in self.waiting if kind == "input")
+        self.waiting.clear()
+        self.say(f"[dev] stopping the session ({why}){f'; {dropped} typed input(s) dropped' if dropped else ''}")
+        self._spawn(self._stop_watchdog())
+        await self.send("session.stop", reason=f"dev: {why}")
+
+    async def _stop_watchdog(self) -> None:
+        await asyncio.sleep(STOP_TIMEOUT_S)
+        self.say(f"[dev] the driver did not stop within {STOP_TIMEOUT_S:.0f} s; terminating it")
+        await end_process(self.driver)
+
+    async def _ready_watchdog(self) -> None:
+        await asyncio.sleep(READY_TIMEOUT_S)
+        if self.phase == "starting":
+            self.say(f"[dev] the driver was not ready within {READY_TIMEOUT_S:.0f} s; see {self.paths.driver_log}")
+            self.push(("stop", "not ready"))
+
+    async def _watch_driver(self) -> None:
+        self.push(("driver_exited", await self.driver.wait()))
+
+    def _spawn(self, coro: Any) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))
+
+    # -- the loop -------------------------------------------------------------------------------
+    async def serve(self, sub: Subscription) -> int:
+        """Run until the driver has exited; the exit status of `agent-driver dev`."""
+        self._spawn(self.pump(sub))
+        self._spawn(self._watch_driver())
+        self._spawn(self._ready_watchdog())
+        try:
+            while True:
+                kind, value = await self.actions.get()
+                result = await self.handle(kind, value)
+                if result is not None:
+                    return result
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def handle(self, kind: str, value: Any) -> int | None:
+        if kind == "driver_exited":
+            return self._driver_exited(int(value))
+        if kind == "interrupt":
+            if self.prompts:
+                self.transcript.mark_line_start(False)  # the terminal echoed "^C" where the cursor was
+            await self._interrupt()
+        elif kind == "stop":
+            await self.stop(str(value))
+        elif kind == "ready":
+            await self._ready()
+        elif kind == "run_ended":
+            await self._run_ended(str(value))
+        elif kind == "permission":
+            self.permissions.append(value)
+            if len(self.permissions) == 1:
+                await self._ask_permission()
+        elif kind == "permission_settled":
+            await self._permission_settled(value)
+        elif kind == "elsewhere":
+            self._queued_elsewhere(str(value))
+        elif kind == "line":
+            if self.prompts:
+                self.transcript.mark_line_start(True)  # the terminal echoed the user's Enter
+            await self._line(str(value))
+        elif kind == "eof":
+            self.stdin_open = False
+            if self.permissions:
+                await self._answer_permission(False, "stdin closed")
+            self.waiting.append(("quit", None))
+            await self._next_waiting()
+        return None
+
+    async def _ready(self) -> None:
+        if self.phase != "starting":
+            return  # driver.started comes once per driver process; nothing to redo
+        self.phase = "idle"
+        self.status.connected = self.cp.connected(self.instance_id)
+        if self.once is not None:
+            await self.start_run(self.once)
+            return
+        await self._next_waiting()
+        self.prompt()
+
+    async def _run_ended(self, terminal: str) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.status.last_run, self.status.last_terminal = run.run_id, terminal.removeprefix("run.")
+        self.run = None
+        self.permissions.clear()
+        if self.phase == "running":
+            self.phase = "idle"
+        self.say(self.status.line(time.monotonic()))
+        if self.once is not None:
+            await self.stop("--once run ended")
+            return
+        await self._next_waiting()
+        self.prompt()
+
+    async def _next_waiting(self) -> None:
+        """Start what was typed ahead, if the driver is idle."""
+        if self.phase != "idle" or not self.waiting:
+            return
+        kind, value = self.waiting.popleft()
+        if kind == "quit":
+            await self.stop("user quit")
+        else:
+            await self.start_run(str(value))
+
+    async def _line(self, raw: str) -> None:
+        text = raw.rstrip("\r\n")
+        if self.permissions:
+            answer = text.strip().lower()
+            if answer in ("y", "yes", "n", "no"):
+                await self._answer_permission(answer.startswith("y"), "")
+            else:
+                self.say("[permission] please answer y or n")
+                self._ask_again()
+            return
+        command = text.strip()
+        if command == "/status":
+            self.say(self.status.line(time.monotonic()))
+            self.say(self.status.activity_line())
+        elif command == "/help":
+            self.say(HELP)
+        elif command in ("/quit", "/exit"):
+            if self.phase == "running":
+                self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")
+            self.waiting.append(("quit", None))
+        elif command:
+            if self.phase in ("starting", "running"):
+                self.say("[dev] queued: it is sent when the driver is free")
+            self.waiting.append(("input", text))
+        await self._next_waiting()
+        self.prompt()
+
+    async def _interrupt(self) -> None:
+        run = self.run
+        if self.phase == "stopping":
+            self.say("[dev] terminating the driver")
+            await end_process(self.driver)
+        elif run is not None and not run.cancel_sent:
+            run.cancel_sent = True
+            # Typed-ahead inputs go with the cancelled run; a typed-ahead /quit stays.
+            dropped = sum(1 for kind, _ in self.waiting if kind == "input")
+            self.waiting = deque(a for a in self.waiting if a[0] != "input")
+            note = f"; {dropped} queued input(s) dropped" if dropped else ""
+            self.say(f"[dev] cancelling {run.run_id} (Ctrl-C again to quit){note}")
+            await self.send("turn.cancel", run_id=run.run_id, reason="user pressed Ctrl-C")
+        else:
+            await self.stop("Ctrl-C")
+
+    def _queued_elsewhere(self, command_id: str) -> None:
+        """A command the web console queued: show it, and follow a run it started like one typed here
+        (its end prompts again, Ctrl-C cancels it, lines typed meanwhile wait for it)."""
+        cmd = self.cp.command(command_id)
+        if cmd is None or self.phase == "stopping":
+            return
+        body = cmd["body"]
+        if cmd["kind"] == "session.stop":
+            self.phase = "stopping"  # its exit is then the clean end of this chat too
+            self.waiting.clear()
+            self.say("[console] session.stop: the driver is stopping")
+            self._spawn(self._stop_watchdog())
+            return
+        if cmd["kind"] != "input.start":
+            self.say(f"[console] {cmd['kind']}")
+            return
+        self.say(f"{CONSOLE_PREFIX}{(body.get('input') or {}).get('text', '')}")
+        if self.phase == "idle" and self.run is None:
+            self.run = _Run(str(body.get("run_id")), command_id)
+            self.phase = "running"
+
+    # -- permissions ----------------------------------------------------------------------------
+    async def _ask_permission(self) -> None:
+        request = self.permissions[0]
+        self.say(f"[permission] the agent asks: {short(request.get('title') or 'a tool call', 160)}")
+        if not self.stdin_open:
+            await self._answer_permission(False, "--once does not ask" if self.once is not None else "stdin is closed")
+            return
+        self._ask_again()
+
+    def _ask_again(self) -> None:
+        if self.prompts:
+            self.write("allow? [y/n] ")
+            self.transcript.mark_line_start(False)
+        else:
+            self.say("[permission] answer y or n")
+
+    async def _answer_permission(self, allow: bool, why: str) -> None:
+        request = self.permissions.popleft()
+        option_id = choose_option(request.get("options") or [], allow)
+        if option_id is None:
+            self.say(f"[permission] no {'allow' if allow else 'reject'} option was offered; leaving it to time out")
+        else:
+            self.say(f"[permission] {'allowed' if allow else 'rejected'}{f' ({why})' if why else ''}")
+            await self.send("permission.resolve", request_id=request.get("request_id"), option_id=option_id)
+        if self.permissions:
+            await self._ask_permission()
+
+    async def _permission_settled(self, resolved: Mapping[str, Any]) -> None:
+        """Resolved without us (timeout, cancel, the web console): stop asking about it."""
+        request_id = resolved.get("request_id")
+        head = self.permissions[0].get("request_id") if self.permissions else None
+        if resolved.get("decided_by") == "control_plane" and any(
+            p.get("request_id") == request_id for p in self.permissions
+        ):
+            # Still asked here, so the answer came from elsewhere: the web console.
+            self.say(f"[permission] {resolved.get('outcome')} in the console")
+        self.permissions = deque(p for p in self.permissions if p.get("request_id") != request_id)
+        if head == request_id and self.permissions:
+            await self._ask_permission()
+
+    # -- the end --------------------------------------------------------------------------------
+    def _driver_exited(self, code: int) -> int:
+        if self.phase == "stopping" and code == 0:
+            self.say("[dev] the driver stopped cleanly; bye")
+            if self.once is not None:
+                return 0 if self.status.last_terminal == "completed" else 1
+            return 0
+        self.say(f"[dev] the driver exited with status {code}; the end of {self.paths.driver_log}:")
+        for line in log_tail(self.paths.driver_log):
+            self.say("    " + line)
+        return 1
