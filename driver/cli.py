@@ -61,7 +61,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     except TransportRefused as exc:
         print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
         return boot_mod.EX_CONFIG
-    logs.REDACTOR.add([payload.control.token, *payload.execution.environment.values()])
+    logs.add(_secrets(payload))
     from pathlib import Path
 
     from driver import statelock
@@ -89,6 +89,18 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         return anyio.run(kernel.serve)
     finally:
         lock.release()
+
+
+def _secrets(payload: Any) -> list[str]:
+    """What the one redactor masks from the start (PROTOCOL §9): the control token, every value of
+    `execution.environment`, and every header value an MCP server or the OTLP exporter is given."""
+    env = payload.execution.environment
+    found = [payload.control.token, *env.values()]
+    header_vars = [v for server in payload.execution.mcp_servers for v in server.headers_from_env.values()]
+    if payload.telemetry is not None:
+        header_vars += payload.telemetry.headers_from_env.values()
+    found += [env[v] for v in header_vars if v in env]
+    return found
 
 
 def _lab_module(name: str) -> Any:

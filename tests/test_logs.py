@@ -16,7 +16,7 @@ def out() -> Any:
     stream = io.StringIO()
     logs.configure("info", stream=stream)
     yield stream
-    logs.REDACTOR._secrets.clear()
+    logs.REDACTOR.clear()
     logs.configure("info")
 
 
@@ -81,3 +81,43 @@ def test_loggers_made_before_configure_follow_it() -> None:
     finally:
         logs.configure("info")
     assert [json.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["kept"]
+
+
+def test_standard_library_records_at_any_level_pass_the_same_redactor(out: io.StringIO) -> None:
+    import logging
+
+    logs.configure("debug", stream=out)
+    logs.add(["s3cr3t-token-value"])
+    logging.getLogger("websockets.client").debug("> Authorization: Bearer %s", "s3cr3t-token-value")
+    logging.getLogger("some.lib").warning("odd %s", b"raw s3cr3t-token-value")
+    assert "s3cr3t" not in out.getvalue()
+    first, second = lines(out)
+    assert first == {**first, "event": "> Authorization: Bearer [redacted]", "level": "debug"}
+    assert first["logger"] == "websockets.client" and "timestamp" in first
+    assert second["level"] == "warning" and "[redacted]" in second["event"]
+
+
+def test_standard_library_records_below_the_level_are_dropped(out: io.StringIO) -> None:
+    import logging
+
+    logging.getLogger("websockets.client").debug("quiet")
+    logging.getLogger("websockets.client").info("heard")
+    assert [r["event"] for r in lines(out)] == ["heard"]
+
+
+def test_bytes_and_objects_are_redacted_before_they_are_encoded(out: io.StringIO) -> None:
+    class Holder:
+        def __repr__(self) -> str:
+            return "Holder(s3cr3t-token-value)"
+
+    logs.add(["s3cr3t-token-value"])
+    logs.get("driver.test").info("head", raw=b'{"jsonrpc":"2.0","key":"s3cr3t-token-value"}\xff', obj=Holder())
+    assert "s3cr3t" not in out.getvalue()
+    (record,) = lines(out)
+    assert record["raw"] == '{"jsonrpc":"2.0","key":"[redacted]"}\\xff'
+    assert record["obj"] == "Holder([redacted])"
+
+
+def test_a_secret_containing_another_is_replaced_whole(out: io.StringIO) -> None:
+    logs.add(["abcdef", "abcdef-longer-secret", None, "short"])
+    assert logs.redact("x abcdef-longer-secret y abcdef short") == "x [redacted] y [redacted] short"

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import anyio
 import claude_agent_sdk as sdk
 
-from driver import containment
+from driver import containment, logs
 from driver.adapters import attachments, claude_setup
 from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
@@ -38,7 +38,6 @@ from driver.adapters.base import (
 from driver.adapters.claude_options import (
     RUNTIME,
     recovery_preamble,
-    redactor,
 )
 from driver.adapters.claude_turn import (
     FileTouched,
@@ -87,7 +86,9 @@ class ClaudeAdapter(Adapter):
         self._announced: str | None = None  # the last id sent in runtime.resume.updated
         self._recovery_pending = ""
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self._redact: Callable[[str], str] = redactor(config.execution.environment.values())
+        # The one redactor (driver/logs.py): the token and every value of execution.environment are in it.
+        logs.add(config.execution.environment.values())
+        self._redact: Callable[[str], str] = logs.redact
         self._translator: TurnTranslator | None = None
         self._tools_started: set[str] = set()
         self._refused: dict[str, str] = {}

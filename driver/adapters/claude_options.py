@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,16 +184,3 @@ def recovery_preamble(messages: Iterable[RecoveryMessage]) -> str:
         + "\n".join(lines)
         + "\n</previous_conversation>\n\n"
     )
-
-
-def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
-    """A function that masks every secret value (of a useful length) in a text."""
-    values = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
-
-    def redact(text: str) -> str:
-        for value in values:
-            if value in text:
-                text = text.replace(value, "***")
-        return text
-
-    return redact

@@ -40,25 +40,19 @@ _SECRET_MARKERS: tuple[str, ...] = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 # and mangles the log.
 _MIN_SECRET_LEN = 6
 _MAX_LINE_CHARS = 4096
-REDACTED = "[redacted]"
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:
-    """Values of `env` that look like credentials, longest first (so a secret containing another
-    secret is replaced whole)."""
+    """Values of `env` that look like credentials (by name), longest first. They join the driver's one
+    redactor (driver/logs.py) when the process starts: the provider's environment may hold credentials
+    the driver made (the host MCP server's token) beside `execution.environment`'s, all of which are
+    already there."""
     values = {
         value
         for name, value in env.items()
         if any(marker in name.upper() for marker in _SECRET_MARKERS) and len(value) >= _MIN_SECRET_LEN
     }
     return sorted(values, key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    return text
 
 
 class ProviderProcess:
@@ -79,7 +73,7 @@ class ProviderProcess:
         self.stdin = process.stdin
         self.stdout = process.stdout
         self._stderr = process.stderr
-        self._secrets = secrets
+        logs.add(secrets)
         self._lines: collections.deque[str] = collections.deque(maxlen=stderr_lines)
         self._lines_lock = threading.Lock()
         self._partial = ""
@@ -143,7 +137,7 @@ class ProviderProcess:
     # -- stderr ----------------------------------------------------------------------------------
 
     def _add_line(self, line: str) -> None:
-        line = redact(line, self._secrets)
+        line = logs.redact(line)  # the one rule every log record passes (driver/logs.py)
         if len(line) > _MAX_LINE_CHARS:
             line = line[:_MAX_LINE_CHARS] + "…"
         with self._lines_lock:

@@ -56,6 +56,7 @@ class McpHostServer:
         self.tools = list(tools)
         self._port = port
         self.token = secrets.token_urlsafe(32)
+        logs.add([self.token])  # handed to the provider in its environment: never in a log line
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
         self._task: asyncio.Task[None] | None = None
         self.port_number = 0

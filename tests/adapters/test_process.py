@@ -12,8 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from driver import logs
 from driver.adapters.base import ProviderError
-from driver.adapters.process import ProviderProcess, redact, secret_values
+from driver.adapters.process import ProviderProcess, secret_values
 
 ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -170,4 +171,8 @@ def test_secret_detection() -> None:
     env = {"OPENAI_API_KEY": "abcdefgh", "MY_TOKEN": "tok123456", "PATH": "/usr/bin", "X_KEY": "1"}
     secrets = secret_values(env)
     assert set(secrets) == {"abcdefgh", "tok123456"}
-    assert redact("a abcdefgh b tok123456 /usr/bin 1", secrets) == "a [redacted] b [redacted] /usr/bin 1"
+    logs.add(secrets)
+    try:
+        assert logs.redact("a abcdefgh b tok123456 /usr/bin 1") == "a [redacted] b [redacted] /usr/bin 1"
+    finally:
+        logs.REDACTOR.clear()

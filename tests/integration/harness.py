@@ -55,7 +55,12 @@ def boot_payload(
 
 class DriverProcess:
     def __init__(
-        self, tmp: Path, payload: dict[str, Any], name: str = "driver", extra_env: dict[str, str] | None = None
+        self,
+        tmp: Path,
+        payload: dict[str, Any],
+        name: str = "driver",
+        extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.boot = tmp / f"{name}.boot.json"
         self.boot.write_text(json.dumps(payload))
@@ -66,7 +71,7 @@ class DriverProcess:
         env["AGENT_DRIVER_PROJECT_ROOT"] = str(ROOT)
         env.update(extra_env or {})  # e.g. AGENT_DRIVER_OUTBOX_MAX_EVENTS for the fault suite
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot)],
+            [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot), *args],
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
             env=env,
