@@ -145,14 +145,36 @@ class Link:
 
     async def run(self) -> CloseReaction:
         """Dial and redial until a close code says stop; return that reaction."""
-        while True:
-            reaction = await self._connect_once()
-            if not reaction.reconnect:
-                return reaction
-            delay = self.core.next_delay()
-            log.info("link.reconnecting", delay_s=round(delay, 3), reason=reaction.reason)
+        first = await self._connect_once()
+        if not first.reconnect:
+            return first
+        # Redials under tenacity, imported after the first dial (nothing of it on the way to `hello`);
+        # that dial is tenacity's first attempt. The delays are the link core's (full jitter, reset
+        # after a stable minute: sans-I/O); the close code decides whether to go on; an exception is
+        # not retried and propagates.
+        from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
+
+        done = [first]
+
+        async def dial() -> CloseReaction:
+            return done.pop() if done else await self._connect_once()
+
+        def reconnecting(state: RetryCallState) -> None:
+            assert state.outcome is not None and state.next_action is not None
             self.reconnects += 1
-            await anyio.sleep(delay)
+            reason = state.outcome.result().reason
+            log.info("link.reconnecting", delay_s=round(state.next_action.sleep, 3), reason=reason)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_result(lambda reaction: bool(reaction.reconnect)),
+            wait=lambda state: self.core.next_delay(),
+            stop=stop_never,
+            sleep=anyio.sleep,
+            before_sleep=reconnecting,
+            reraise=True,
+        )
+        reaction: CloseReaction = await retrying(dial)
+        return reaction
 
     async def _connect_once(self) -> CloseReaction:
         headers = {

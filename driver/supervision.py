@@ -70,7 +70,10 @@ class CrashWindow:
     def delay_for(self, n: int) -> float:
         if n <= 1:
             return 0.0
-        return float(min(self.backoff_cap_s, self.backoff_base_s * 2 ** (n - 2)))
+        from driver.protocol.backoff import delay, exponential
+
+        # tenacity's capped exponential; the second crash in the window is its first retry.
+        return delay(exponential(base=self.backoff_base_s, cap=self.backoff_cap_s), n - 1)
 
     def started(self) -> bool:
         """A start succeeded: inputs may go through again. Returns whether a crash loop was cleared."""

@@ -74,4 +74,6 @@ class RetryPolicy(msgspec.Struct):
     cap: float = 30.0
 
     def delay(self, attempts: int) -> float:
-        return float(min(self.cap, self.base * (2 ** max(0, attempts - 1))))
+        from driver.protocol.backoff import delay, exponential
+
+        return delay(exponential(base=self.base, cap=self.cap), attempts)  # tenacity's policy

@@ -48,3 +48,18 @@ def test_long_run_never_exceeds_the_cap() -> None:
     delays = list(itertools.islice(full_jitter(rng=random.Random(9)), 200))
     assert max(delays) <= 30.0
     assert max(delays[10:]) > 15.0, "late delays should use the capped range, not stay small"
+
+
+def test_every_policy_is_a_tenacity_strategy_driven_without_a_clock() -> None:
+    from tenacity.wait import wait_exponential
+
+    from driver.protocol.backoff import delays, exponential, jittered
+    from driver.queue.outbox_types import RetryPolicy
+    from driver.supervision import CrashWindow
+
+    assert isinstance(jittered(), wait_exponential) and isinstance(exponential(base=1, cap=2), wait_exponential)
+    assert list(itertools.islice(delays(exponential(base=0.25, cap=1.0)), 4)) == [0.25, 0.5, 1.0, 1.0]
+    # The outbox's resend and the provider's restart keep their schedules under tenacity.
+    assert [RetryPolicy(base=0.25, cap=30.0).delay(n) for n in (0, 1, 2, 3)] == [0.25, 0.25, 0.5, 1.0]
+    window = CrashWindow(backoff_base_s=1.0, backoff_cap_s=4.0, clock=lambda: 0.0)
+    assert [window.delay_for(n) for n in (1, 2, 3, 4, 5)] == [0.0, 1.0, 2.0, 4.0, 4.0]

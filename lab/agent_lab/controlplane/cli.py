@@ -46,6 +46,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
 
 
@@ -264,13 +266,33 @@ def _call(
     req.add_header("Authorization", f"Bearer {token}")
     if data is not None:
         req.add_header("Content-Type", "application/json")
+
+    def once() -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+        return RETRY_REFUSED(once)
     except urllib.error.URLError as exc:
         return 0, {"error": f"cannot reach {base}: {exc.reason}"}
+
+
+def _refused(exc: BaseException) -> bool:
+    """Only a refused connection is retried: the request never reached the control plane, so even a
+    command without a command_id cannot be stored twice."""
+    return isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, ConnectionRefusedError)
+
+
+# A control plane that is (re)starting: a few tries over ~2 s, full jitter, then the error.
+RETRY_REFUSED = tenacity.Retrying(
+    retry=tenacity.retry_if_exception(_refused),
+    wait=tenacity.wait_random_exponential(multiplier=0.1, max=1.0),
+    stop=tenacity.stop_after_attempt(5),
+    reraise=True,
+)
 
 
 def _show(answer: tuple[int, Any]) -> int:
