@@ -58,7 +58,7 @@ test-image: setup
 	$(BIN)/pytest -q -m image
 
 bench: setup
-	$(BIN)/python -m bench
+	$(BIN)/python -m agent_lab.bench
 
 # The five claims, measured (offline: fake model endpoints); the report goes to docs/evidence.md.
 evidence: setup

@@ -1,5 +1,2 @@
-"""Benchmarks of agent-driver (`make bench`, `python -m bench [NAME ...]`).
-
-Each prints its figures beside a baseline measured in the same run, and says whether each goal was
-met; a goal not met is reported, not raised. A benchmark fails (nonzero exit) only when it crashes.
-"""
+"""The benchmarks moved into the lab: `python -m agent_lab.bench` (lab/agent_lab/bench/). This package
+only keeps `python -m bench [NAME ...]` working from a checkout."""

@@ -1,48 +1,10 @@
-"""`python -m bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
-
-Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment.
-Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
-"""
+"""`python -m bench [NAME ...]` from a checkout: the same as `python -m agent_lab.bench [NAME ...]`."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 
-from bench._common import ROOT
-
-BENCHMARKS = (
-    "event_path",
-    "backlog_rss",
-    "cold_start",
-    "ttft",
-    "cancel_evidence",
-    "acp_agents",
-    "heartbeat",
-    "containment",
-)
-
-
-def main(argv: list[str]) -> int:
-    names = argv or list(BENCHMARKS)
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
-        print(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
-        return 2
-    crashed: list[str] = []
-    for name in names:
-        print(f"\n=== {name} ===", flush=True)
-        t0 = time.monotonic()
-        # A fresh process per benchmark: RSS and start-up figures must not carry another one's state.
-        code = subprocess.call([sys.executable, "-m", f"bench.{name}"], cwd=ROOT)
-        print(f"({name}: {time.monotonic() - t0:.0f} s{'' if code == 0 else f', CRASHED with status {code}'})")
-        if code != 0:
-            crashed.append(name)
-    if crashed:
-        print(f"\ncrashed: {', '.join(crashed)}", file=sys.stderr)
-    return 1 if crashed else 0
-
+from agent_lab.bench.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

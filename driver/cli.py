@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     import argparse
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 EX_TEMPFAIL = 75  # as for 4409: another process owns this instance's state_dir
 
 
@@ -30,6 +31,8 @@ def _run_args(argv: list[str]) -> RunArgs | None:
         if flag not in values or (not inline and not rest):
             return None
         values[flag] = inline or rest.pop(0)
+    if values["--log-level"] not in LOG_LEVELS:
+        return None  # argparse names the bad level and the choices
     return RunArgs(values["--boot-file"], values["--log-level"] or "info")
 
 
@@ -128,11 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         return _run(fast)
     import argparse
 
+    from driver import __version__
+
     parser = argparse.ArgumentParser(prog="agent-driver", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"agent-driver {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,dev,evidence,controlplane,bench}")
     run = sub.add_parser("run", help="run the driver (the sandbox entrypoint)")
     run.add_argument("--boot-file", help="path of the one-time boot payload (or AGENT_DRIVER_BOOT_FILE)")
-    run.add_argument("--log-level", default="info")
+    run.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     dev = sub.add_parser("dev", help="the driver with an embedded reference control plane and a terminal chat")
     dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
     dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")
@@ -140,21 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("evidence", help="measure the five claims (resume, startup, ...) and report", add_help=False)
     sub.add_parser("controlplane", help="the reference control plane", add_help=False)
     sub.add_parser("bench", help="run the benchmarks", add_help=False)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
+        # argparse would first say a command is required; the flag itself is the problem.
+        parser.error(f"unrecognized arguments: {argv[0]}")
     if argv and argv[0] in ("controlplane", "evidence"):
         lab = _lab_module(f"agent_lab.{argv[0]}.cli")
         if lab is None:
             return 2
         return int(lab.main(argv[1:]))
     if argv and argv[0] == "bench":
-        import runpy
-
-        from driver.kernel import project_root
-
-        # bench/ lives beside the package in a checkout (it is not installed): run it from there.
-        sys.path.insert(0, str(project_root()))
-        sys.argv = ["bench", *argv[1:]]
-        runpy.run_module("bench", run_name="__main__")
-        return 0
+        bench = _lab_module("agent_lab.bench.__main__")
+        if bench is None:
+            return 2
+        return int(bench.main(argv[1:]))
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)

@@ -44,7 +44,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from agent_lab.testing import codex_acp
+from agent_lab.testing import agents, codex_acp
 from agent_lab.testing.ports import (
     RecordingEvents,
     ScriptedPermissions,
@@ -76,7 +76,7 @@ from tests.helpers import attachments as attachment_files
 from tests.helpers import skills as skill_archives
 
 ROOT = Path(__file__).resolve().parents[2]
-STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
+STUBBORN = agents.STUBBORN
 CLAUDE_ACP = ROOT / "node_modules" / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
 CODEX_ACP = ROOT / "node_modules" / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp"
 

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agent_lab.testing import agents
 
 from tests.integration.harness import DriverProcess, boot_payload
 
-FLOOD = Path(__file__).resolve().parent / "flood_acp_agent.py"
+FLOOD = agents.FLOOD
 
 
 class Drivers:

@@ -1,6 +1,6 @@
 """Faults against the REAL driver process and the reference control plane, then a history check.
 
-The provider is `flood_acp_agent.py`, a real ACP agent process that emits numbered steps, so a hole
+The provider is the flood agent (agent_lab/testing/agents), a real ACP agent that emits numbered steps, so a hole
 or a duplicate in the stored history is visible. After every fault, `history.check_run` judges what the
 control plane stored (see its docstring). Waits are on control-plane events, statuses and heartbeats
 with timeouts; the only fixed pause is the length of the control-plane outage in

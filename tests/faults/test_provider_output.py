@@ -1,5 +1,5 @@
 """A provider that breaks its wire protocol (issue 11, flood 3), through the REAL driver process and a
-real ACP agent process (`tests/helpers/stubborn_acp_agent.py`): malformed JSON, invalid UTF-8, a line
+real ACP agent process (`agent_lab/testing/agents/stubborn_acp_agent.py`): malformed JSON, invalid UTF-8, a line
 nested 2000 deep, responses to ids never sent (of every JSON type), requests of an unknown method, and
 a 100 MiB line. The adapter reports bounded `provider.protocol` diagnostics, answers the unknown
 requests with a JSON-RPC error, every run ends with exactly one terminal, and the driver survives."""

@@ -14,9 +14,10 @@ from typing import Any
 
 import anyio
 from agent_lab.controlplane.server import ControlPlane
+from agent_lab.testing import agents
 
 ROOT = Path(__file__).resolve().parents[2]
-STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
+STUBBORN = agents.STUBBORN
 TOKEN = "cp-token-SECRET-4242"
 INSTANCE = "drv-it.1"
 

@@ -1,7 +1,7 @@
 """PROTOCOL §5 through the real driver process: the cancel state machine (interrupt → SIGTERM → SIGKILL
 → restart), cancelled permissions, and a cancel racing the natural end of a run.
 
-The provider is our stubborn ACP agent (tests/helpers/stubborn_acp_agent.py), a real process that
+The provider is our stubborn ACP agent (agent_lab/testing/agents/stubborn_acp_agent.py), a real process that
 misbehaves on cue; the grace periods are shortened through AGENT_DRIVER_CANCEL_GRACE_MS and
 AGENT_DRIVER_TERM_GRACE_MS. The tests marked `provider` do the same against each real runtime.
 """

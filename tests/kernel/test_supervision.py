@@ -2,7 +2,7 @@
 loop, a start that never finishes, a provider that goes silent; session.stop and signals. Plus the
 pure policy (crash window, backoff, bounds from the environment) with an injected clock.
 
-The provider is our stubborn ACP agent in its misbehaving modes (tests/helpers/stubborn_acp_agent.py).
+The provider is our stubborn ACP agent in its misbehaving modes (agent_lab/testing/agents/stubborn_acp_agent.py).
 """
 
 from __future__ import annotations

@@ -66,6 +66,19 @@ def main(argv: list[str]) -> int:
 # -- server -------------------------------------------------------------------------------------
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but an unknown flag is named before any missing required one (argparse would only
+    say that --db is required when the user mistyped --db)."""
+    known = parser._option_string_actions
+    for arg in argv:
+        if arg == "--":
+            break
+        negative_number = arg[1:].replace(".", "", 1).isdigit()
+        if arg.startswith("-") and not negative_number and arg.partition("=")[0] not in known:
+            parser.error(f"unrecognized arguments: {arg}")
+    return parser.parse_args(argv)
+
+
 def read_or_create_token(path: Path) -> str:
     """The token in `path`; a fresh random one (file mode 0600) if the file does not exist."""
     try:
@@ -102,7 +115,7 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--tls-cert", type=Path, help="serve wss:// with this certificate chain (PEM)")
     p.add_argument("--tls-key", type=Path, help="private key for --tls-cert (PEM)")
     p.add_argument("--log-level", default="info")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
 
     from agent_lab.controlplane.console import is_loopback
     from driver.logs import REDACTOR, configure
@@ -195,7 +208,7 @@ def _client(command: str, argv: list[str]) -> int:
     elif command == "faults":
         p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
         p.add_argument("--reset", action="store_true")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     token = args.token_file.read_text().strip()
     base = args.url.rstrip("/")
 

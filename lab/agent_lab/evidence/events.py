@@ -2,7 +2,7 @@
 provider works, and a SIGKILL of the driver inside the group-commit window under a flood; each case
 counts what the CP stored against what it received (its tap) and the history's structure.
 
-The flood cases use the flood ACP agent (tests/faults/flood_acp_agent.py: a real ACP agent process that
+The flood cases use the flood ACP agent (agent_lab/testing/agents/flood_acp_agent.py: a real ACP agent process that
 numbers its steps, so a hole or a repeat is visible); the driver's event path is the same for every
 runtime. What a SIGKILL can lose by design (admitted, not yet journaled: the group-commit window) is
 reported as `lost_unjournaled`, never as `lossless_lost`.
@@ -18,10 +18,11 @@ import anyio
 
 from agent_lab.evidence import checks
 from agent_lab.evidence.report import Case, Claim, judged
-from agent_lab.evidence.rig import Rig, Sandbox, descendants, project_root, reap
+from agent_lab.evidence.rig import Rig, Sandbox, descendants, reap
+from agent_lab.testing import agents
 
 TOOL = "[[shell:sleep 1; echo ev-tool-done]]"
-FLOOD = project_root() / "tests" / "faults" / "flood_acp_agent.py"
+FLOOD = agents.FLOOD
 
 
 def _history(rig: Rig, instance: str) -> checks.Accounting:

@@ -16,6 +16,7 @@ from typing import Any
 from agent_lab.evidence import checks
 from agent_lab.evidence.report import Case, Claim, judged, not_measured
 from agent_lab.evidence.rig import Rig, Sandbox, descendants, proc_info, project_root
+from agent_lab.testing import agents
 
 NOT_ENFORCED = [
     "root in the sandbox: a tool running as root reads any process's memory, the driver's included",
@@ -25,7 +26,7 @@ NOT_ENFORCED = [
     "files outside the roots: a provider's own tools (shell, its file edits) are confined only by the provider's "
     "sandbox, not by the driver; the driver's file admission covers what goes through it (ACP fs/*, attachments)",
 ]
-STUBBORN = project_root() / "tests" / "helpers" / "stubborn_acp_agent.py"
+STUBBORN = agents.STUBBORN
 MAX_SCAN = 64 * 2**20
 
 
@@ -166,7 +167,7 @@ async def files(rig: Rig, base: Path) -> Case:
         "files: ACP fs/* outside the roots",
         measured,
         failures,
-        "an ACP agent (tests/helpers/stubborn_acp_agent.py) asks fs/read_text_file and fs/write_text_file",
+        "an ACP agent (agent_lab/testing/agents/stubborn_acp_agent.py) asks fs/read_text_file and fs/write_text_file",
     )
 
 

@@ -29,7 +29,7 @@ def collect() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for bench, args in BENCHES:
         proc = subprocess.run(
-            [sys.executable, "-m", f"bench.{bench}", *args],
+            [sys.executable, "-m", f"agent_lab.bench.{bench}", *args],
             cwd=project_root(),
             capture_output=True,
             text=True,

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._common import goal, median, table
+from agent_lab.bench._common import goal, median, table
 from driver import containment, statelock
 
 RUNS = 25

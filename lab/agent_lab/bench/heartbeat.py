@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench._common import goal, table
+from agent_lab.bench._common import goal, table
 from driver.protocol.frames import Heartbeat, HeartbeatOutbox, encode
 from driver.queue.outbox import utc_now
 from driver.telemetry.activity import ActivityTracker
@@ -80,7 +80,7 @@ def _scan_all() -> int:
 
 
 def main() -> None:
-    rows = []
+    rows: list[tuple[str, int | str | None, float]] = []
     worst = 0.0
     for shape, code in (("flat", FLAT), ("nested", NESTED)):
         proc = _tree(code)

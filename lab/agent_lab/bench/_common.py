@@ -10,8 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-STUBBORN = ROOT / "tests" / "helpers" / "stubborn_acp_agent.py"
+from agent_lab.testing.agents import STUBBORN as STUBBORN
+from driver.kernel.options import project_root
+
+# Where node_modules with the pinned runtimes is (AGENT_DRIVER_PROJECT_ROOT, else the checkout): the
+# benches run from an install of the lab too.
+ROOT = project_root()
 TOKEN = "bench-token-0000"
 INSTANCE = "drv-bench.1"
 

@@ -8,7 +8,7 @@ receipted events are deleted from the journal in the next commit, as the driver'
 journal writes run in a worker thread, as the driver's do. Pipelining is the driver's: it does not cap
 the number of unreceipted batches in flight (only the outbox's event bound), so neither does the floor.
 
-Server (`python -m bench._servers floor DB`): for each `events` frame, stores every event
+Server (`python -m agent_lab.bench._servers floor DB`): for each `events` frame, stores every event
 (`event_id`, body) in SQLite WAL with `synchronous=FULL` in one transaction (one fsync), then answers
 the receipt listing them; no validation, no dedup rules, no commands.
 

@@ -1,8 +1,8 @@
 """Servers the benchmarks run in a child process, so they get a core of their own as in production.
 
-    python -m bench._servers cp DB_PATH      the reference control plane (SQLite store, fsync on)
-    python -m bench._servers bare            a bare `websockets` server that only answers receipts
-    python -m bench._servers floor DB_PATH   the durable floor's server (bench/durable_floor.py): one
+    python -m agent_lab.bench._servers cp DB_PATH      the reference control plane (SQLite store, fsync on)
+    python -m agent_lab.bench._servers bare            a bare `websockets` server that only answers receipts
+    python -m agent_lab.bench._servers floor DB_PATH   the durable floor's server (bench/durable_floor.py): one
                                              SQLite WAL commit (fsync) per batch, then its receipt
                                              (it answers a driver's hello too: a diagnostic run)
 
@@ -19,7 +19,7 @@ import sys
 
 import msgspec
 
-from bench._common import ROOT, TOKEN
+from agent_lab.bench._common import ROOT, TOKEN
 
 EVENTS_PREFIX = '{"type":"events"'  # how both the driver and the ceiling client start a batch
 # What the bare and floor servers answer a driver's hello with (the reference CP's limits).
@@ -160,7 +160,7 @@ class Child:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench._servers", *args],
+            [sys.executable, "-m", "agent_lab.bench._servers", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=ROOT,

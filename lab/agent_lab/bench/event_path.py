@@ -31,10 +31,10 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
-from bench._common import boot_payload as make_payload
-from bench._common import goal, median, percentile, table
-from bench._servers import Child
-from bench.durable_floor import FloorClient
+from agent_lab.bench._common import boot_payload as make_payload
+from agent_lab.bench._common import goal, median, percentile, table
+from agent_lab.bench._servers import Child
+from agent_lab.bench.durable_floor import FloorClient
 
 N_EVENTS = 30_000
 REPS = 3

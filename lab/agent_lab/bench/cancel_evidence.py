@@ -1,5 +1,5 @@
 """Evidence for cancellation and supervision, through the real driver process and the reference
-control plane, per runtime (run with `python -m bench.cancel_evidence [--runs N] [--only NAME ...]`):
+control plane, per runtime (run with `python -m agent_lab.bench.cancel_evidence [--runs N] [--only NAME ...]`):
 
 - cancel → receipt: from sending `turn.cancel` (the run streaming) to the control plane having stored
   `run.cancelled`, p50/p95 over N runs, and which phase ended each run (interrupt/terminate/kill);
@@ -10,6 +10,8 @@ The real runtimes (Claude Code CLI, Codex app-server, codex-acp) run offline aga
 endpoints. Two rows use our stubborn ACP agent, which ignores the interrupt (and SIGTERM), with the
 grace periods shortened to 500 ms each (AGENT_DRIVER_CANCEL_GRACE_MS / AGENT_DRIVER_TERM_GRACE_MS),
 to show the escalation phases; the real runtimes use the default 5 s + 3 s bounds and never need them.
+
+The one bench that needs a checkout: it drives the kernel tests' harness (tests/kernel, tests/integration).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from agent_lab.testing.fakes import Fakes
 from driver import logs
 from tests.integration.harness import INSTANCE, control_plane
 from tests.kernel import runtimes
@@ -97,7 +100,7 @@ async def provider_pid(driver: Driver, exclude: int | None = None) -> int:
             await anyio.sleep(0.02)  # polling /proc: nothing announces a new child
 
 
-async def measure(case: Case, runs: int, crashes: int, fakes: runtimes.Fakes) -> Row:
+async def measure(case: Case, runs: int, crashes: int, fakes: Fakes) -> Row:
     row = Row(case)
     with tempfile.TemporaryDirectory(prefix="cancel-evidence-") as tmp_name:
         tmp = Path(tmp_name)
@@ -204,7 +207,9 @@ def report(rows: list[Row], runs: int) -> None:
 
 
 async def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cancel_evidence", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agent_lab.bench.cancel_evidence", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--runs", type=int, default=20, help="cancels per runtime (default 20)")
     parser.add_argument("--crashes", type=int, default=3, help="provider kills per runtime (default 3)")
     parser.add_argument("--only", nargs="*", default=None, help="case names containing any of these words")
@@ -215,7 +220,7 @@ async def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     started = time.perf_counter()
     with ExitStack() as stack:
-        fakes = runtimes.Fakes(stack)
+        fakes = Fakes(stack)
         for case in cases:
             t0 = time.perf_counter()
             rows.append(await measure(case, args.runs, args.crashes, fakes))

@@ -14,7 +14,7 @@ and our stubborn agent (tests/helpers/stubborn_acp_agent.py, no model) as the fl
 client and a Python agent process cost by themselves. Its cancel figure is bounded below by its own
 50 ms sleep between `[[slow]]` chunks (it looks at the cancel only between chunks), not by the client.
 
-`python -m bench.acp_agents [--runs N] [--only NAME ...]`. Exit status 1 only if a measurement crashed.
+`python -m agent_lab.bench.acp_agents [--runs N] [--only NAME ...]`. Exit status 1 only if a measurement crashed.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from bench._common import ROOT, STUBBORN, percentile, table
+from agent_lab.bench._common import ROOT, STUBBORN, percentile, table
 
 CLAUDE_ACP = ROOT / "node_modules" / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
 CODEX_ACP = ROOT / "node_modules" / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp"
@@ -74,7 +74,6 @@ Spec = Callable[[Path], AgentSpec]  # state dir → how to run the agent there
 
 def _adapter(tmp: Path, spec: Spec) -> tuple[Any, TimedEvents]:
     from agent_lab.testing.ports import recording_ports
-
     from driver.adapters.acp import AcpAdapter
     from driver.adapters.base import AdapterConfig
     from driver.adapters.environment import provider_env
@@ -266,7 +265,7 @@ async def _main(runs: int, names: list[str]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.acp_agents")
+    parser = argparse.ArgumentParser(prog="python -m agent_lab.bench.acp_agents")
     parser.add_argument("--runs", type=int, default=RUNS)
     parser.add_argument("--only", nargs="+", choices=AGENTS, default=list(AGENTS))
     args = parser.parse_args()

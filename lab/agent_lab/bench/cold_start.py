@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from agent_lab.evidence.startup import compile_bytecode
 
-from bench._common import INSTANCE, ROOT, TOKEN, cpu_seconds, driver_env, goal, median, rss_mb, table
-from bench._common import boot_payload as make_payload
+from agent_lab.bench._common import INSTANCE, ROOT, TOKEN, cpu_seconds, driver_env, goal, median, rss_mb, table
+from agent_lab.bench._common import boot_payload as make_payload
+from agent_lab.evidence.startup import compile_bytecode
 
 RUNS = 11
 IDLE_SECONDS = 4.0
@@ -80,7 +80,6 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 async def _main() -> None:
     from agent_lab.controlplane.server import ControlPlane
-
     from driver import logs
     from driver.protocol.frames import Hello
 

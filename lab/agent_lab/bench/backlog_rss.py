@@ -12,7 +12,7 @@ Each variant runs in a fresh child process and reports its own RSS before and af
   bench raises it too (it bounds the journal on disk; memory does not grow with it);
 - baseline: the same encoded events kept in a plain Python list (a naive in-memory outbox).
 Goals: RSS(down, 100k) - RSS(up) ≤ 16 MB; RSS(down, 1M) - RSS(up) ≤ 64 MB.
-`python -m bench.backlog_rss --quick` skips the million.
+`python -m agent_lab.bench.backlog_rss --quick` skips the million.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from bench._common import ROOT, goal, rss_mb, table
-from bench._common import boot_payload as make_payload
+from agent_lab.bench._common import ROOT, goal, rss_mb, table
+from agent_lab.bench._common import boot_payload as make_payload
 
 N_EVENTS = 100_000
 MILLION_MAX_BYTES = 1 << 30  # AGENT_DRIVER_OUTBOX_MAX_BYTES for the million: room for ~330 MB of bodies
@@ -134,7 +134,7 @@ def _spawn(variant: str, n_events: int = N_EVENTS, cp_port: int | None = None) -
     if n_events > N_EVENTS:
         env["AGENT_DRIVER_OUTBOX_MAX_BYTES"] = str(MILLION_MAX_BYTES)
     out = subprocess.run(
-        [sys.executable, "-m", "bench.backlog_rss", "--child", variant, str(n_events), str(cp_port or 0)],
+        [sys.executable, "-m", "agent_lab.bench.backlog_rss", "--child", variant, str(n_events), str(cp_port or 0)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -151,7 +151,7 @@ def main() -> None:
         result = anyio.run(_driver_child, n, port) if sys.argv[2] == "driver" else _naive_child()
         print(json.dumps(result))
         return
-    from bench._servers import Child
+    from agent_lab.bench._servers import Child
 
     quick = "--quick" in sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="bench-backlog-cp-") as tmp, Child("cp", f"{tmp}/cp.sqlite3") as cp:

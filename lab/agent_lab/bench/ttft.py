@@ -27,8 +27,8 @@ from typing import Any
 
 import anyio
 
-from bench._common import INSTANCE, ROOT, TOKEN, driver_env, goal, median, table
-from bench._common import boot_payload as make_payload
+from agent_lab.bench._common import INSTANCE, ROOT, TOKEN, driver_env, goal, median, table
+from agent_lab.bench._common import boot_payload as make_payload
 
 RUNS = 10
 PROMPT = "hello"
@@ -174,8 +174,8 @@ def _codex_execution(base_url: str) -> dict[str, Any]:
 async def codex_direct(tmp: Path, base_url: str) -> AsyncIterator[Turn]:
     import msgspec
 
-    from driver.adapters.codex import codex_binary
     from driver.adapters.codex_config import render_config, settings_from
+    from driver.adapters.codex_files import codex_binary
     from driver.adapters.environment import provider_env
     from driver.adapters.jsonrpc import JsonRpcPeer
     from driver.adapters.process import ProviderProcess
@@ -272,7 +272,6 @@ async def _pair(
 async def _main() -> None:
     from agent_lab.testing.fake_anthropic import FakeAnthropic
     from agent_lab.testing.fake_responses import FakeResponses
-
     from driver import logs
 
     logs.configure("error")
@@ -298,7 +297,7 @@ async def _main() -> None:
             ]
             verdicts.append(("Claude: added p50 ≤ 20 ms", median(v) - median(d), 20.0))
         try:
-            from driver.adapters.codex import codex_binary
+            from driver.adapters.codex_files import codex_binary
 
             codex_binary(ROOT)
             have_codex = True
