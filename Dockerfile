@@ -25,10 +25,13 @@ RUN npm ci --no-audit --no-fund --loglevel=error \
  && node_modules/.bin/node scripts/check-runtimes.mjs \
  && npm prune --omit=dev --no-audit --no-fund --loglevel=error \
  && node_modules/.bin/node --version
-COPY pyproject.toml README.md LICENSE ./
-COPY driver ./driver
+# The daemon's wheel only: lab/ (control plane, fakes, evidence, benches) is never copied in.
+COPY pyproject.toml README.md LICENSE /src/
+COPY driver /src/driver
 RUN python3 -m venv /opt/agent-driver/venv \
- && /opt/agent-driver/venv/bin/pip install --no-cache-dir --no-compile ".[telemetry]"
+ && /opt/agent-driver/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /src/dist /src \
+ && wheel="$(ls /src/dist/agent_driver-*.whl)" \
+ && /opt/agent-driver/venv/bin/pip install --no-cache-dir --no-compile "${wheel}[telemetry]"
 
 # -- the image --------------------------------------------------------------------------------------
 FROM ${DEBIAN}

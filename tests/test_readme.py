@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,17 +66,52 @@ def network() -> Iterator[list[str]]:
         holder.wait(timeout=10)
 
 
+def _default_signals() -> None:
+    # A terminal starts with the signals' default actions. The test runner may have inherited SIGHUP
+    # ignored (nohup, a CI runner), and an ignored signal stays ignored across exec: the README's
+    # `fake_anthropic &` then outlived the suite.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def terminal(prefix: list[str], block: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*prefix, "bash", "-euo", "pipefail", "-c", block],
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group: Ctrl-C (SIGINT) goes to the whole terminal
+        preexec_fn=_default_signals,
     )  # fmt: skip
 
 
-def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGINT) -> None:
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (zombies excluded), read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def wait_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # polling /proc: there is no event for "a process of another parent exited"
+    return True
+
+
+def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGINT) -> list[int]:
     """`sig` to the terminal's foreground work, then SIGHUP to what is left of its process group, as
-    closing the terminal would (bash's `&` jobs ignore SIGINT)."""
+    closing the terminal would (bash's `&` jobs ignore SIGINT); SIGKILL for anything still there.
+    Returns what had to be killed (a test asserts it is nothing)."""
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
         try:
@@ -85,6 +121,13 @@ def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGINT) -> No
             proc.wait()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGHUP)
+    if wait_gone(proc.pid, 10):
+        return []
+    left = group_members(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    wait_gone(proc.pid, 10)
+    return left
 
 
 def test_the_readme_flow_runs_as_written(tmp_path: Path) -> None:
@@ -96,6 +139,8 @@ def test_the_readme_flow_runs_as_written(tmp_path: Path) -> None:
     folder.mkdir()
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "VIRTUAL_ENV": str(ROOT / ".venv"),
            "HOME": str(home), "LANG": "C.UTF-8"}  # fmt: skip
+    if os.environ.get("PYTHONPATH"):  # a shared venv with the tree under test first on the path
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     with network() as prefix:
         first = terminal(prefix, blocks[0], folder, env)
         second: subprocess.Popen[str] | None = None
@@ -122,7 +167,7 @@ def test_the_readme_flow_runs_as_written(tmp_path: Path) -> None:
             token = (folder / "cp.token").read_text().strip()
             assert token not in "".join(out2.lines) + third.stdout + third.stderr
         finally:
-            if second is not None:
-                stop(second, signal.SIGTERM)
-            stop(first)
+            left = stop(second, signal.SIGTERM) if second is not None else []
+            left += stop(first)
         assert first.returncode == 0, "terminal 1 (the control plane) stops cleanly on Ctrl-C"
+        assert not left, f"processes outlived their terminal (SIGKILLed): {left}"

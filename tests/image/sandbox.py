@@ -18,6 +18,7 @@ import queue
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -30,7 +31,10 @@ DOCKERFILE = ROOT / "Dockerfile"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 IMAGE_ROOT = "/opt/agent-driver"  # AGENT_DRIVER_PROJECT_ROOT in the image
 SANDBOX_UID = 10001
+# The checkout's venv (`make setup`), else the one running the tests (a shared venv).
 PIP = ROOT / ".venv" / "bin" / "pip"
+if not PIP.exists():
+    PIP = Path(sys.executable).with_name("pip")
 CP_READY = re.compile(r"control plane: (ws://\S+)\s+api: (http://\S+)")
 
 
@@ -99,6 +103,7 @@ def run(argv: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess
 
 
 def build_wheel(out: Path) -> Path:
+    """The daemon's wheel, from exactly what the Dockerfile copies."""
     src = out / "src"
     src.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md", "LICENSE"):  # what the Dockerfile COPYs
@@ -106,6 +111,15 @@ def build_wheel(out: Path) -> Path:
     shutil.copytree(ROOT / "driver", src / "driver", ignore=shutil.ignore_patterns("__pycache__"))
     run([PIP, "wheel", "--quiet", "--no-deps", "-w", out / "dist", src])
     (wheel,) = (out / "dist").glob("agent_driver-*.whl")
+    return wheel
+
+
+def build_lab_wheel(out: Path) -> Path:
+    """The laboratory's wheel, from a copy of lab/ (never built in place)."""
+    src = out / "lab-src"
+    shutil.copytree(ROOT / "lab", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    run([PIP, "wheel", "--quiet", "--no-deps", "-w", out / "dist", src])
+    (wheel,) = (out / "dist").glob("agent_driver_lab-*.whl")
     return wheel
 
 
@@ -130,6 +144,38 @@ def sandbox_user() -> tuple[int, int]:
              "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "agent-driver-image"])  # fmt: skip
         entry = pwd.getpwuid(SANDBOX_UID)
     return entry.pw_uid, entry.pw_gid
+
+
+def runtimes_in(root: Path) -> Path:
+    """`root/node_modules`, where the image has the pinned runtimes. This machine has them in the
+    checkout, whose parents the sandbox uid may not traverse (a clone under a 0700 home or `mktemp
+    -d`): as root, an empty mount point that `private_mount` binds the checkout's node_modules onto
+    for the driver alone; otherwise (the driver runs as this uid, which reaches the checkout) a link."""
+    target = root / "node_modules"
+    if os.geteuid() == 0:
+        target.mkdir()
+    else:
+        target.symlink_to(ROOT / "node_modules")
+    return target
+
+
+def private_mount(target: Path, owner: tuple[int, int]) -> list[str]:
+    """A command prefix (as root): a private mount namespace where the checkout's node_modules is
+    bound onto `target`, then the command as `owner` with no supplementary groups. Bind mounts do not
+    need the source's parents to be traversable by the uid that reads through them."""
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return ["/usr/bin/unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
+            str(ROOT / "node_modules"), str(target),
+            "/usr/bin/setpriv", f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups", "--"]  # fmt: skip
+
+
+def operator_command() -> tuple[list[str], dict[str, str]]:
+    """The operator's side (control plane, boot payloads, client commands) is the laboratory, which the
+    image does not carry: run it from this checkout's environment."""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return [sys.executable, "-m", "driver.cli"], env
 
 
 def owned_dir(path: Path, owner: tuple[int, int], mode: int = 0o700) -> Path:
@@ -195,14 +241,14 @@ class ControlPlaneProcess:
 
 
 @contextmanager
-def control_plane(venv: Path, folder: Path) -> Iterator[ControlPlaneProcess]:
-    """`agent-driver controlplane` from the installed wheel, on free ports, until the block ends."""
+def control_plane(folder: Path) -> Iterator[ControlPlaneProcess]:
+    """`agent-driver controlplane` (the laboratory's), on free ports, until the block ends."""
     token_file = folder / "cp.token"
+    command, env = operator_command()
     proc = subprocess.Popen(
-        [str(venv / "bin" / "agent-driver"), "controlplane", "--db", str(folder / "cp.sqlite3"),
+        [*command, "controlplane", "--db", str(folder / "cp.sqlite3"),
          "--token-file", str(token_file), "--port", "0", "--http-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     try:
         output = LineReader(proc.stdout)

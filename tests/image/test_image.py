@@ -41,9 +41,12 @@ from tests.image.sandbox import (
     dockerfile_env,
     dockerfile_labels,
     make_venv,
+    operator_command,
     owned_dir,
+    private_mount,
     relocate,
     run,
+    runtimes_in,
     sandbox_user,
 )
 
@@ -80,7 +83,7 @@ def image() -> Iterator[Image]:
         built = time.monotonic()
         make_venv(root / "venv", wheel)
         print(f"\nimage: wheel built in {built - started:.1f} s, venv installed in {time.monotonic() - built:.1f} s")
-        (root / "node_modules").symlink_to(ROOT / "node_modules")
+        runtimes_in(root)
         root.chmod(0o555)  # the project folder is read-only to the driver
         yield Image(base, root, sandbox_user())
     finally:
@@ -165,9 +168,10 @@ def runtime_flags(runtime: str, box: Sandbox, fake: Any, owner: tuple[int, int])
     return flags, env
 
 
-def client(image: Image, cp: ControlPlaneProcess, command: str, instance: str, *args: str) -> dict[str, Any]:
-    done = run([image.cli, "controlplane", command, "--url", cp.api, "--token-file", cp.token_file,
-                "--instance", instance, *args])  # fmt: skip
+def client(cp: ControlPlaneProcess, command: str, instance: str, *args: str) -> dict[str, Any]:
+    operator, env = operator_command()
+    done = run([*operator, "controlplane", command, "--url", cp.api, "--token-file", cp.token_file,
+                "--instance", instance, *args], env=env)  # fmt: skip
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer
 
@@ -177,24 +181,25 @@ def one_turn(image: Image, runtime: str, box: Sandbox, launch: Launch) -> None:
     boot_file = box.boot_dir / "boot.json"
     log_path = box.workspace.parent / "driver.log"
     said = f"image smoke test on {runtime}"
-    with model_endpoint(runtime) as fake, control_plane(Path(image.root / "venv"), box.workspace.parent) as cp:
+    operator, operator_env = operator_command()
+    with model_endpoint(runtime) as fake, control_plane(box.workspace.parent) as cp:
         flags, env = runtime_flags(runtime, box, fake, image.owner)
-        run([image.cli, "controlplane", "boot", "--runtime", runtime.split(":")[0], "--instance", instance,
+        run([*operator, "controlplane", "boot", "--runtime", runtime.split(":")[0], "--instance", instance,
              "--out", boot_file, "--url", cp.api, "--token-file", cp.token_file,
              "--cwd", box.workspace_seen, "--state-dir", box.seen(box.workspace / ".agent-driver"),
              "--owner", f"{image.owner[0]}:{image.owner[1]}", *flags],
-            env={"PATH": "/usr/bin:/bin", **env})  # fmt: skip
+            env={**operator_env, **env})  # fmt: skip
         driver = launch(box, log_path)
         try:
-            client(image, cp, "send", instance, "--kind", "input.start", "--run-id", "run-1",
+            client(cp, "send", instance, "--kind", "input.start", "--run-id", "run-1",
                    "--text", f"[[say:{said}]]")  # fmt: skip
-            ended = client(image, cp, "events", instance, "--kind", "run.completed", "--kind", "run.failed",
+            ended = client(cp, "events", instance, "--kind", "run.completed", "--kind", "run.failed",
                            "--kind", "run.cancelled", "--wait", str(TURN_TIMEOUT_S))  # fmt: skip
             kinds = [e["kind"] for e in ended["events"]]
             assert kinds == ["run.completed"], f"{kinds}: {ended}\n{log_path.read_text(errors='replace')[-4000:]}"
-            messages = client(image, cp, "events", instance, "--kind", "message.completed")["events"]
+            messages = client(cp, "events", instance, "--kind", "message.completed")["events"]
             assert said in " ".join(m["payload"].get("text", "") for m in messages)
-            client(image, cp, "send", instance, "--kind", "session.stop")
+            client(cp, "send", instance, "--kind", "session.stop")
             assert driver.wait(timeout=60) == 0, log_path.read_text(errors="replace")[-4000:]
         finally:
             if driver.poll() is None:
@@ -222,12 +227,14 @@ def launch_here(image: Image) -> Launch:
     entrypoint = shutil.which("agent-driver", path=env["PATH"])
     assert entrypoint == image.cli, "the Dockerfile's PATH must find the venv's agent-driver first"
 
+    # As root: the driver in its own mount namespace with the runtimes bound in, then as the sandbox uid.
+    prefix = private_mount(image.root / "node_modules", image.owner) if os.geteuid() == 0 else []
+
     def launch(box: Sandbox, log_path: Path) -> subprocess.Popen[bytes]:
         with log_path.open("wb") as log:
             return subprocess.Popen(
-                [entrypoint, "run", "--boot-file", str(box.boot_dir / "boot.json")],
+                [*prefix, entrypoint, "run", "--boot-file", str(box.boot_dir / "boot.json")],
                 env=env,  # `env -i` plus the Dockerfile's ENV: nothing of this test's environment
-                user=image.owner[0], group=image.owner[1], extra_groups=[] if os.geteuid() == 0 else None,
                 cwd=box.workspace, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
