@@ -11,11 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from agent_lab.testing.agents import STUBBORN as STUBBORN
-from driver.kernel.options import project_root
 
-# Where node_modules with the pinned runtimes is (AGENT_DRIVER_PROJECT_ROOT, else the checkout): the
-# benches run from an install of the lab too.
-ROOT = project_root()
+
+def _project_root() -> Path:
+    """Where node_modules with the pinned runtimes is: driver.kernel.options.project_root's rule
+    (AGENT_DRIVER_PROJECT_ROOT, else beside the `driver` package), without importing the kernel: the
+    RSS baselines import this module."""
+    env = os.environ.get("AGENT_DRIVER_PROJECT_ROOT")
+    if env:
+        return Path(env)
+    import driver
+
+    return Path(driver.__file__).resolve().parent.parent
+
+
+ROOT = _project_root()
 TOKEN = "bench-token-0000"
 INSTANCE = "drv-bench.1"
 

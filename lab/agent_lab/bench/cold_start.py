@@ -3,7 +3,8 @@
 The control plane runs in this process and notes the moment it decodes each `hello`. The driver is
 the real `agent-driver run` process with the stubborn ACP agent as provider (started once the first
 `hello` is out, as always). Baseline, in the same run: the minimal dialer (lab/agent_lab/evidence/dialer.py), a
-Python process that imports the same `websockets` client, `msgspec` and `anyio`, dials the same
+Python process that imports the same `websockets` client, `msgspec`, `anyio` and `structlog` (the
+card's logger, issue 26), dials the same
 control plane and sends one `hello`: spawn → that `hello` decoded, timed exactly like the driver's.
 Also the RSS of a Python process that imported the same three libraries.
 """
@@ -49,7 +50,7 @@ def _dial(url: str, epoch: int) -> float:
 
 
 def _baseline_rss() -> float:
-    code = f"{BASELINE_IMPORTS}\nfrom bench._common import rss_mb\nprint(rss_mb())"
+    code = f"{BASELINE_IMPORTS}\nfrom agent_lab.bench._common import rss_mb\nprint(rss_mb())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
 

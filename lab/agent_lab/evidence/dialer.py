@@ -2,9 +2,16 @@
 
 `python -m agent_lab.evidence.dialer URL INSTANCE EPOCH` with the token in the environment variable
 EVIDENCE_DIALER_TOKEN (never in argv). It imports what the driver's link imports (the `websockets`
-asyncio client, `msgspec`, `anyio`), dials the same control plane with the same subprotocol and
-headers, sends one `hello`, waits for `welcome` and exits: the least a driver process must do before
-the control plane hears from it. It deliberately imports nothing else from this package.
+asyncio client, `msgspec`, `anyio`) and the card's logger (`structlog`, configured and used as a
+dialer written on this card would: one line per dial, here below its level, so nothing is written),
+dials the same control plane with the same subprotocol and headers, sends one `hello`, waits for
+`welcome` and exits: the least a driver process must do before the control plane hears from it. It
+deliberately imports nothing else from this package.
+
+Why structlog is in the baseline (issue 26): the card names it as the daemon's logger, and its import
+(~20-25 ms on a quiet core, structlog 26's `__init__` loads its dev renderer and stdlib bridge whatever
+one uses) is a cost any daemon on this card pays before its first line; the goal measures what the
+driver adds beyond such a dialer.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ import sys
 def main(argv: list[str]) -> int:
     import anyio
     import msgspec
+    import structlog
     from websockets.asyncio.client import connect
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warning and above
+    log = structlog.get_logger("dialer")
 
     url, instance, epoch = argv[0], argv[1], int(argv[2])
     token = os.environ.pop("EVIDENCE_DIALER_TOKEN")
@@ -40,6 +51,7 @@ def main(argv: list[str]) -> int:
                 "started_at": "1970-01-01T00:00:00.000Z",
             }
             await ws.send(msgspec.json.encode(hello).decode())
+            log.info("dialer.hello_sent", instance=instance)
             await ws.recv()  # the welcome
 
     anyio.run(dial)

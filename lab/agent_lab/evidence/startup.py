@@ -160,7 +160,7 @@ async def collect(rig: Rig, runtime: str, *, runs: int = 30, **_: Any) -> Claim:
             "spawn → hello vs a minimal dialer",
             measured,
             failures,
-            "lab/agent_lab/evidence/dialer.py: imports websockets client, msgspec, anyio; dials; one hello; "
+            "lab/agent_lab/evidence/dialer.py: imports websockets client, msgspec, anyio, structlog; dials; one hello; "
             "one dialer start after each warm driver start",
         )
     )
