@@ -2,10 +2,12 @@
 
 Without Docker (every machine): the wheel, built from what the Dockerfile copies, is installed into a
 fresh venv made from Debian's /usr/bin/python3 under a read-only folder that plays /opt/agent-driver
-(its node_modules are the pinned runtimes `make setup` installed, on the pinned Node); the driver
+(its node_modules are the pinned runtimes `make setup` installed, on the pinned Node: as root, bound
+onto it in the driver's own mount namespace, so a checkout under a 0700 folder works too); the driver
 starts as uid 10001 with `env -i` plus only the Dockerfile's ENV (and HOME, as `docker run` sets it),
 in a writable folder that plays /workspace, reads a boot payload minted by `agent-driver controlplane
-boot`, and answers one turn through the reference control plane, with only the model endpoint faked.
+boot` (the lab, from the test's environment: the image does not carry it), and answers one turn
+through the reference control plane, with only the model endpoint faked.
 With a reachable Docker daemon, `test_the_docker_image` builds the Dockerfile and does the same with
 `docker run`; without one it is skipped and says why.
 
