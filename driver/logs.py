@@ -58,6 +58,15 @@ class Redactor:
         for secret in self._ordered:
             if secret in text:
                 text = text.replace(secret, REDACTED)
+        if len(text) >= _MIN_SECRET:
+            # A text cut short (`str(exc)[:200]`) may end in the first part of a secret: mask that too.
+            tail = text[-_MIN_SECRET:]
+            for secret in self._ordered:
+                if tail in secret:
+                    for k in range(len(secret) - 1, _MIN_SECRET - 1, -1):
+                        if text.endswith(secret[:k]):
+                            text = text[:-k] + REDACTED
+                            break
         return text
 
     def _walk(self, value: Any) -> Any:

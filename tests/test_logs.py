@@ -121,3 +121,11 @@ def test_bytes_and_objects_are_redacted_before_they_are_encoded(out: io.StringIO
 def test_a_secret_containing_another_is_replaced_whole(out: io.StringIO) -> None:
     logs.add(["abcdef", "abcdef-longer-secret", None, "short"])
     assert logs.redact("x abcdef-longer-secret y abcdef short") == "x [redacted] y [redacted] short"
+
+
+def test_a_text_cut_inside_a_secret_does_not_keep_its_first_part(out: io.StringIO) -> None:
+    logs.add(["cp-token-SECRET-4242"])
+    assert logs.redact("error: bad header Bearer cp-token-SEC") == "error: bad header Bearer [redacted]"
+    assert logs.redact("ends in cp-tok") == "ends in [redacted]"
+    assert logs.redact("ends in cp-to") == "ends in cp-to"  # shorter than 6 characters: an ordinary word
+    assert logs.redact("token") == "token"
