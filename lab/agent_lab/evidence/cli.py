@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bench",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also run the performance benchmarks of bench/ (default: on, off with --quick)",
+        help="also run the performance benchmarks (agent_lab.bench; default: on, off with --quick)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
@@ -74,7 +74,7 @@ async def run(args: argparse.Namespace) -> Report:
     if args.bench if args.bench is not None else not args.quick:
         from agent_lab.evidence import performance
 
-        print("  performance goals (bench/) ...", file=sys.stderr, flush=True)
+        print("  performance goals (agent_lab.bench) ...", file=sys.stderr, flush=True)
         report.performance = await anyio.to_thread.run_sync(performance.collect)
     report.elapsed_s = time.monotonic() - t0
     return report

@@ -1,4 +1,4 @@
-"""The performance goals restated (issue 10), measured by the benchmarks in bench/ in the same run
+"""The performance goals restated (issue 10), measured by the benchmarks in agent_lab.bench in the same run
 and copied into the report: cold start vs the minimal dialer, throughput and p99 latency vs the
 durable floor, backlog RSS beside the same flood with the CP up. Each bench prints one
 `BENCH-GOAL {json}` line per goal; a bench that crashed is reported as such."""

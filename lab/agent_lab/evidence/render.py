@@ -57,7 +57,7 @@ def markdown(report: Report) -> str:
         lines += [""] + [f"- {_value(n)}" for n in claim.get("notes", [])] + [""]
     if data["performance"]:
         lines += [
-            "## Performance goals (bench/, same machine, same run)",
+            "## Performance goals (agent_lab.bench, same machine, same run)",
             "",
             "| bench | goal | met | measured |",
             "| --- | --- | --- | --- |",
