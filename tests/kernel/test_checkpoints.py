@@ -1,0 +1,154 @@
+"""PROTOCOL §8.1 through the real driver process, the REAL runtimes and the reference control plane: the
+native session goes out as checkpoints after every run (only new bytes of a file that grew), the control
+plane reassembles them, and a brand-new sandbox (new state_dir, new cwd) booted with
+`execution.native_checkpoint` resumes the session natively: its first model request carries a marker
+of the earlier conversation, with no `runtime.session.reset`. Tampered and missing files fall back to
+reset + replay and say why. No credential is in any checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import INSTANCE, control_plane
+from tests.kernel import runtimes
+from tests.kernel.runtimes import RUNTIMES, Fakes
+from tests.kernel.support import Driver
+from tests.kernel.test_continuity import turn
+
+MARKER = "HERON-4417"
+SECRETS = ("sk-ant-fake-0123456789", "sk-fake-openai-0123456789")
+
+
+def sandbox(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fake_of(fakes: Fakes, runtime: str) -> Any:
+    return fakes.anthropic if runtime == "claude-agent-sdk" else fakes.responses
+
+
+def kinds_of(cp: Any, kind: str) -> list[dict[str, Any]]:
+    return [e for e in cp.events(INSTANCE) if e["kind"] == kind]
+
+
+async def first_sandbox(cp: Any, runtime: str, tmp: Path, fakes: Fakes, runs: int = 2) -> list[dict[str, Any]]:
+    """Sandbox A: `runs` runs (the first carries the marker); returns the stored checkpoints."""
+    d = Driver(tmp, runtimes.payload(runtime, tmp, cp.url, fakes))
+    try:
+        for i in range(1, runs + 1):
+            text = f"Please remember the word {MARKER}." if i == 1 else f"Turn {i}: say ok."
+            status = await turn(cp, f"run-{i}", text)
+            assert status["status"] == "completed", status
+            await cp.wait_for_event(
+                INSTANCE, lambda e, i=i: e["kind"] == "checkpoint.recorded" and e["payload"]["run_id"] == f"run-{i}"
+            )
+    finally:
+        d.close()
+    stored: list[dict[str, Any]] = cp.checkpoints(INSTANCE)
+    return stored
+
+
+def second_payload(runtime: str, tmp: Path, url: str, fakes: Fakes, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    payload = runtimes.payload(runtime, tmp, url, fakes)
+    payload["execution"]["native_checkpoint"] = checkpoint
+    # What a control plane replays when the native session cannot come back (PROTOCOL §8).
+    payload["execution"]["recovery_messages"] = [{"role": "user", "text": f"Earlier I asked you to remember {MARKER}."}]
+    return payload
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_new_sandbox_resumes_the_native_session_from_a_checkpoint(
+    runtime: str, tmp_path: Path, fakes: Fakes
+) -> None:
+    async with control_plane(sandbox(tmp_path / "a")) as cp:
+        stored = await first_sandbox(cp, runtime, tmp_path / "a", fakes)
+        assert len(stored) == 2, stored
+        chunks = kinds_of(cp, "checkpoint.file")
+        # Incremental: the second checkpoint sends the session file from where the first ended.
+        first_id, second_id = stored[0]["checkpoint_id"], stored[1]["checkpoint_id"]
+        first = {c["payload"]["path"]: c["payload"] for c in chunks if c["payload"]["checkpoint_id"] == first_id}
+        second = [c["payload"] for c in chunks if c["payload"]["checkpoint_id"] == second_id]
+        assert second, "the second run's checkpoint sent nothing"
+        for c in second:
+            if c["path"] in first:
+                assert c["offset"] >= first[c["path"]]["size"] > 0, (c["offset"], first[c["path"]]["size"])
+        # No credential in any checkpoint.
+        for c in chunks:
+            data = base64.b64decode(c["payload"]["data_b64"])
+            assert not any(s.encode() in data for s in SECRETS)
+        files = [f["path"] for f in stored[-1]["files"]]
+        assert all(p.endswith(".jsonl") for p in files), files
+        checkpoint = cp.native_checkpoint(INSTANCE, tmp_path / "served")
+        assert checkpoint is not None
+
+    b = sandbox(tmp_path / "b")  # a brand-new sandbox: new state_dir, new cwd
+    async with control_plane(b) as cp:
+        d = Driver(b, second_payload(runtime, b, cp.url, fakes, checkpoint))
+        try:
+            asked_before = len(fake_of(fakes, runtime).requests)
+            status = await turn(cp, "run-3", "Which word did I ask you to remember?")
+            assert status["status"] == "completed", status
+            first_request = json.dumps(fake_of(fakes, runtime).requests[asked_before])
+            assert MARKER in first_request
+            # Natively: no reset, the restored ref is the current one, and the restore was reported.
+            assert kinds_of(cp, "runtime.session.reset") == []
+            refs = [e["payload"]["value"] for e in kinds_of(cp, "runtime.resume.updated")]
+            assert refs and refs[-1] == checkpoint["native_ref"]
+            restored = [e for e in kinds_of(cp, "diagnostic.reported") if e["payload"]["code"] == "checkpoint.restored"]
+            assert restored and restored[0]["payload"]["details"]["bytes"] == sum(
+                f["size"] for f in checkpoint["files"]
+            )
+            # The new sandbox checkpoints the same session on.
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "checkpoint.recorded")
+            assert cp.checkpoints(INSTANCE)[-1]["native_ref"] == checkpoint["native_ref"]
+        finally:
+            d.close()
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("fault", ["tampered", "missing"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_bad_checkpoint_falls_back_to_reset_and_replay(
+    runtime: str, fault: str, tmp_path: Path, fakes: Fakes
+) -> None:
+    async with control_plane(sandbox(tmp_path / "a")) as cp:
+        await first_sandbox(cp, runtime, tmp_path / "a", fakes, runs=1)
+        checkpoint = cp.native_checkpoint(INSTANCE, tmp_path / "served")
+        assert checkpoint is not None
+    target = Path(checkpoint["files"][0]["url"].removeprefix("file://"))
+    if fault == "tampered":
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        target.write_bytes(bytes(data))
+    else:
+        target.unlink()
+
+    b = sandbox(tmp_path / "b")
+    async with control_plane(b) as cp:
+        d = Driver(b, second_payload(runtime, b, cp.url, fakes, checkpoint))
+        try:
+            asked_before = len(fake_of(fakes, runtime).requests)
+            status = await turn(cp, "run-2", "Which word did I ask you to remember?")
+            assert status["status"] == "completed", status
+            reset = kinds_of(cp, "runtime.session.reset")
+            assert len(reset) == 1, reset
+            payload = reset[0]["payload"]
+            assert payload["previous"] == checkpoint["native_ref"]
+            assert payload["current"] and payload["current"] != checkpoint["native_ref"]
+            code = "checkpoint.hash_mismatch" if fault == "tampered" else "checkpoint.fetch_failed"
+            assert payload["reason"].startswith(code), payload["reason"]
+            # Replayed: the model still hears of the marker, from the recovery messages.
+            assert MARKER in json.dumps(fake_of(fakes, runtime).requests[asked_before])
+            # Nothing of the bad checkpoint was left in the provider's home.
+            home = b / "state"
+            assert not [p for p in home.rglob(f"*{checkpoint['native_ref']}*.jsonl")]
+        finally:
+            d.close()
