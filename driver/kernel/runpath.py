@@ -104,10 +104,10 @@ class RunPath:
         if error is not None and error.code == "provider.crashed" and run.adapter is not None:
             error.details.setdefault("stderr_tail", run.adapter.stderr_tail())
         terminal_id = await self.end_run(run, outcome, error)
-        # §8.1: the native session as this run left it, before the next run can start.
-        await k.checkpoints.after_run(run.run_id)
         status = STATUS_OF[run.terminal or "run.failed"]
         k.outbox.watch(terminal_id)
+        # §8.1: the native session as this run left it, before the next run can start.
+        await k.checkpoints.after_run(run.run_id)
         k.run = None
         k.fire("run_ended")
         attempt = k.supervisor.attempt
