@@ -72,12 +72,12 @@ class Checkpointer:
         self.recorded = 0  # checkpoints admitted by this process (for tests and figures)
         self.last_recorded_event: str | None = None
 
-    async def after_run(self, run_id: str) -> None:
+    async def after_run(self, run_id: str) -> str | None:
         self.last_run_id = run_id
-        await self.record(run_id)
+        return await self.record(run_id)
 
-    async def at_stop(self) -> None:
-        await self.record(self.last_run_id)
+    async def at_stop(self) -> str | None:
+        return await self.record(self.last_run_id)
 
     def forget(self) -> None:
         """The control plane finally rejected a checkpoint event: send whole files next time."""
