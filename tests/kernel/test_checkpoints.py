@@ -152,3 +152,52 @@ async def test_a_bad_checkpoint_falls_back_to_reset_and_replay(
             assert not [p for p in home.rglob(f"*{checkpoint['native_ref']}*.jsonl")]
         finally:
             d.close()
+
+
+@pytest.mark.provider
+async def test_session_stop_records_a_checkpoint_and_waits_for_its_receipt(tmp_path: Path, fakes: Fakes) -> None:
+    runtime = "openai-app-server"
+    async with control_plane(sandbox(tmp_path)) as cp:
+        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes))
+        try:
+            assert (await turn(cp, "run-1", f"Remember {MARKER}."))["status"] == "completed"
+            after = max(e["seq"] for e in cp.events(INSTANCE))
+            cid, _ = await cp.send_command(INSTANCE, "session.stop", reason="test")
+            assert await d.wait(timeout=60) == 0
+            # Stored (so receipted) before the driver exited: a manifest after the stop, of the last run.
+            late = [e for e in kinds_of(cp, "checkpoint.recorded") if e["seq"] > after]
+            assert len(late) == 1 and late[0]["payload"]["run_id"] == "run-1"
+            assert cp.checkpoints(INSTANCE)[-1]["checkpoint_id"] == late[0]["payload"]["checkpoint_id"]
+            assert cp.command(cid)["status"] == "completed"  # type: ignore[index]
+        finally:
+            d.close()
+
+
+@pytest.mark.provider
+async def test_a_restart_on_the_same_state_dir_keeps_the_restored_session(tmp_path: Path, fakes: Fakes) -> None:
+    runtime = "openai-app-server"
+    async with control_plane(sandbox(tmp_path / "a")) as cp:
+        await first_sandbox(cp, runtime, tmp_path / "a", fakes, runs=1)
+        checkpoint = cp.native_checkpoint(INSTANCE, tmp_path / "served")
+        assert checkpoint is not None
+    b = sandbox(tmp_path / "b")
+    async with control_plane(b) as cp:
+        payload = second_payload(runtime, b, cp.url, fakes, checkpoint)
+        d = Driver(b, payload)
+        try:
+            assert (await turn(cp, "run-2", "Say ok."))["status"] == "completed"
+        finally:
+            d.close()
+        # The served files are gone now: a restart that fetched them again would fall back.
+        for f in checkpoint["files"]:
+            Path(f["url"].removeprefix("file://")).unlink()
+        d = Driver(b, payload, name="driver2")
+        try:
+            asked_before = len(fake_of(fakes, runtime).requests)
+            assert (await turn(cp, "run-3", "Which word?"))["status"] == "completed"
+            assert MARKER in json.dumps(fake_of(fakes, runtime).requests[asked_before])
+            assert kinds_of(cp, "runtime.session.reset") == []
+            restored = [e for e in kinds_of(cp, "diagnostic.reported") if e["payload"]["code"] == "checkpoint.restored"]
+            assert len(restored) == 1  # once per state_dir
+        finally:
+            d.close()
