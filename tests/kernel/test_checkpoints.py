@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import INSTANCE, control_plane
+from tests.integration.harness import INSTANCE, ROOT, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import Driver
 from tests.kernel.test_continuity import turn
 
 MARKER = "HERON-4417"
+CLAUDE_ACP = ROOT / "node_modules" / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
+# claude-agent-acp drives the Claude Code CLI: its session files are the CLI's (docs/protocol.md).
+CHECKPOINTED = (*RUNTIMES, "acp:claude-agent-acp")
 SECRETS = ("sk-ant-fake-0123456789", "sk-fake-openai-0123456789")
 
 
@@ -31,7 +34,25 @@ def sandbox(path: Path) -> Path:
 
 
 def fake_of(fakes: Fakes, runtime: str) -> Any:
-    return fakes.anthropic if runtime == "claude-agent-sdk" else fakes.responses
+    return fakes.anthropic if "claude" in runtime else fakes.responses
+
+
+def boot_payload(runtime: str, tmp: Path, url: str, fakes: Fakes) -> dict[str, Any]:
+    if runtime != "acp:claude-agent-acp":
+        return runtimes.payload(runtime, tmp, url, fakes)
+    payload = runtimes.payload("acp:stubborn", tmp, url, fakes)
+    env = {
+        "ANTHROPIC_BASE_URL": fakes.anthropic.base_url,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CONFIG_DIR": str(tmp / "state" / "claude"),
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "IS_SANDBOX": "1",
+    }
+    payload["execution"] |= {
+        "environment": {"ANTHROPIC_API_KEY": "sk-ant-fake-0123456789"},
+        "acp": {"command": ["node", str(CLAUDE_ACP)], "env": env},
+    }
+    return payload
 
 
 def kinds_of(cp: Any, kind: str) -> list[dict[str, Any]]:
@@ -40,7 +61,7 @@ def kinds_of(cp: Any, kind: str) -> list[dict[str, Any]]:
 
 async def first_sandbox(cp: Any, runtime: str, tmp: Path, fakes: Fakes, runs: int = 2) -> list[dict[str, Any]]:
     """Sandbox A: `runs` runs (the first carries the marker); returns the stored checkpoints."""
-    d = Driver(tmp, runtimes.payload(runtime, tmp, cp.url, fakes))
+    d = Driver(tmp, boot_payload(runtime, tmp, cp.url, fakes))
     try:
         for i in range(1, runs + 1):
             text = f"Please remember the word {MARKER}." if i == 1 else f"Turn {i}: say ok."
@@ -56,7 +77,7 @@ async def first_sandbox(cp: Any, runtime: str, tmp: Path, fakes: Fakes, runs: in
 
 
 def second_payload(runtime: str, tmp: Path, url: str, fakes: Fakes, checkpoint: dict[str, Any]) -> dict[str, Any]:
-    payload = runtimes.payload(runtime, tmp, url, fakes)
+    payload = boot_payload(runtime, tmp, url, fakes)
     payload["execution"]["native_checkpoint"] = checkpoint
     # What a control plane replays when the native session cannot come back (PROTOCOL §8).
     payload["execution"]["recovery_messages"] = [{"role": "user", "text": f"Earlier I asked you to remember {MARKER}."}]
@@ -64,7 +85,7 @@ def second_payload(runtime: str, tmp: Path, url: str, fakes: Fakes, checkpoint: 
 
 
 @pytest.mark.provider
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", CHECKPOINTED)
 async def test_a_new_sandbox_resumes_the_native_session_from_a_checkpoint(
     runtime: str, tmp_path: Path, fakes: Fakes
 ) -> None:
@@ -158,7 +179,7 @@ async def test_a_bad_checkpoint_falls_back_to_reset_and_replay(
 async def test_session_stop_records_a_checkpoint_and_waits_for_its_receipt(tmp_path: Path, fakes: Fakes) -> None:
     runtime = "openai-app-server"
     async with control_plane(sandbox(tmp_path)) as cp:
-        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes))
+        d = Driver(tmp_path, boot_payload(runtime, tmp_path, cp.url, fakes))
         try:
             assert (await turn(cp, "run-1", f"Remember {MARKER}."))["status"] == "completed"
             after = max(e["seq"] for e in cp.events(INSTANCE))
