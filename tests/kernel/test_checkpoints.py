@@ -37,6 +37,13 @@ def fake_of(fakes: Fakes, runtime: str) -> Any:
     return fakes.anthropic if "claude" in runtime else fakes.responses
 
 
+def first_turn_request(fakes: Fakes, runtime: str, after: int) -> str:
+    """The first agent-loop model request (one offering tools) after the first `after`: Claude Code also
+    sends tool-less side requests (a session title) that quote only the new prompt."""
+    asked = fake_of(fakes, runtime).requests[after:]
+    return json.dumps(next((r for r in asked if r.get("tools")), asked[0]))
+
+
 def boot_payload(runtime: str, tmp: Path, url: str, fakes: Fakes) -> dict[str, Any]:
     if runtime != "acp:claude-agent-acp":
         return runtimes.payload(runtime, tmp, url, fakes)
@@ -76,11 +83,16 @@ async def first_sandbox(cp: Any, runtime: str, tmp: Path, fakes: Fakes, runs: in
     return stored
 
 
-def second_payload(runtime: str, tmp: Path, url: str, fakes: Fakes, checkpoint: dict[str, Any]) -> dict[str, Any]:
+def second_payload(
+    runtime: str, tmp: Path, url: str, fakes: Fakes, checkpoint: dict[str, Any], replay: bool = True
+) -> dict[str, Any]:
     payload = boot_payload(runtime, tmp, url, fakes)
     payload["execution"]["native_checkpoint"] = checkpoint
-    # What a control plane replays when the native session cannot come back (PROTOCOL §8).
-    payload["execution"]["recovery_messages"] = [{"role": "user", "text": f"Earlier I asked you to remember {MARKER}."}]
+    if replay:
+        # What a control plane replays when the native session cannot come back (PROTOCOL §8). Left
+        # out where the marker must come from the restored session alone.
+        text = f"Earlier I asked you to remember {MARKER}."
+        payload["execution"]["recovery_messages"] = [{"role": "user", "text": text}]
     return payload
 
 
@@ -112,13 +124,12 @@ async def test_a_new_sandbox_resumes_the_native_session_from_a_checkpoint(
 
     b = sandbox(tmp_path / "b")  # a brand-new sandbox: new state_dir, new cwd
     async with control_plane(b) as cp:
-        d = Driver(b, second_payload(runtime, b, cp.url, fakes, checkpoint))
+        d = Driver(b, second_payload(runtime, b, cp.url, fakes, checkpoint, replay=False))
         try:
             asked_before = len(fake_of(fakes, runtime).requests)
             status = await turn(cp, "run-3", "Which word did I ask you to remember?")
             assert status["status"] == "completed", status
-            first_request = json.dumps(fake_of(fakes, runtime).requests[asked_before])
-            assert MARKER in first_request
+            assert MARKER in first_turn_request(fakes, runtime, asked_before)
             # Natively: no reset, the restored ref is the current one, and the restore was reported.
             assert kinds_of(cp, "runtime.session.reset") == []
             refs = [e["payload"]["value"] for e in kinds_of(cp, "runtime.resume.updated")]
@@ -167,7 +178,7 @@ async def test_a_bad_checkpoint_falls_back_to_reset_and_replay(
             code = "checkpoint.hash_mismatch" if fault == "tampered" else "checkpoint.fetch_failed"
             assert payload["reason"].startswith(code), payload["reason"]
             # Replayed: the model still hears of the marker, from the recovery messages.
-            assert MARKER in json.dumps(fake_of(fakes, runtime).requests[asked_before])
+            assert MARKER in first_turn_request(fakes, runtime, asked_before)
             # Nothing of the bad checkpoint was left in the provider's home.
             home = b / "state"
             assert not [p for p in home.rglob(f"*{checkpoint['native_ref']}*.jsonl")]
@@ -203,7 +214,7 @@ async def test_a_restart_on_the_same_state_dir_keeps_the_restored_session(tmp_pa
         assert checkpoint is not None
     b = sandbox(tmp_path / "b")
     async with control_plane(b) as cp:
-        payload = second_payload(runtime, b, cp.url, fakes, checkpoint)
+        payload = second_payload(runtime, b, cp.url, fakes, checkpoint, replay=False)
         d = Driver(b, payload)
         try:
             assert (await turn(cp, "run-2", "Say ok."))["status"] == "completed"
@@ -216,7 +227,7 @@ async def test_a_restart_on_the_same_state_dir_keeps_the_restored_session(tmp_pa
         try:
             asked_before = len(fake_of(fakes, runtime).requests)
             assert (await turn(cp, "run-3", "Which word?"))["status"] == "completed"
-            assert MARKER in json.dumps(fake_of(fakes, runtime).requests[asked_before])
+            assert MARKER in first_turn_request(fakes, runtime, asked_before)
             assert kinds_of(cp, "runtime.session.reset") == []
             restored = [e for e in kinds_of(cp, "diagnostic.reported") if e["payload"]["code"] == "checkpoint.restored"]
             assert len(restored) == 1  # once per state_dir
