@@ -32,6 +32,7 @@ from driver.adapters.environment import provider_env
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
+    from driver.checkpoints.restore import Restored
     from driver.kernel.core import Kernel
 
 log = logs.get("driver.kernel.provider")
@@ -105,6 +106,10 @@ class ProviderRoom:
 
     async def _after_start(self, adapter: Adapter) -> None:
         ref = adapter.native_id
+        if ref is None and self._checkpoint_reset is not None:
+            # No session came up, but the checkpoint's failure must still be said (once).
+            (previous, reason), self._checkpoint_reset = self._checkpoint_reset, None
+            await self.k.emit("runtime.session.reset", {"previous": previous, "current": None, "reason": reason})
         if ref is None:
             return
         runtime = self.k.boot.execution.runtime
@@ -225,14 +230,10 @@ class ProviderRoom:
         journal = k.journal
         if checkpoint is None or journal.text(CHECKPOINT_RESTORED_KEY) is not None:
             return
-        from driver.checkpoints import restore
-
-        try:
-            done = await restore.restore(checkpoint, k.boot.execution.runtime, k.checkpoints.layout, k.boot.session.cwd)
-        except restore.RestoreFailed as exc:
-            reason = str(exc)
-            log.warning("checkpoint.restore_failed", native_ref=checkpoint.native_ref, reason=reason)
-            self._checkpoint_reset = (checkpoint.native_ref, reason)
+        done = await _restore_files(k)
+        if isinstance(done, str):
+            log.warning("checkpoint.restore_failed", native_ref=checkpoint.native_ref, reason=done)
+            self._checkpoint_reset = (checkpoint.native_ref, done)
             self.current = None
             await anyio.to_thread.run_sync(journal.set_text, CURRENT_REF_KEY, None)
         else:
@@ -299,6 +300,21 @@ class ProviderRoom:
                 "timings": timings,
             },
         )
+
+
+async def _restore_files(k: Kernel) -> Restored | str:
+    """The restore's figures, or why it failed (a `checkpoint.<code>: ...` reason)."""
+    from driver.checkpoints import restore
+
+    checkpoint = k.boot.execution.native_checkpoint
+    assert checkpoint is not None
+    try:
+        return await restore.restore(checkpoint, k.boot.execution.runtime, k.checkpoints.layout, k.boot.session.cwd)
+    except restore.RestoreFailed as exc:
+        return str(exc)
+    except Exception as exc:  # no input may take the driver down: an unforeseen failure falls back too
+        log.exception("checkpoint.restore_error")
+        return f"checkpoint.failed: {type(exc).__name__}: {exc}"
 
 
 def _encode_ref(ref: NativeResume) -> str:

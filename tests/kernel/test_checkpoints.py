@@ -233,3 +233,27 @@ async def test_a_restart_on_the_same_state_dir_keeps_the_restored_session(tmp_pa
             assert len(restored) == 1  # once per state_dir
         finally:
             d.close()
+
+
+async def test_an_agent_of_unknown_layout_falls_back_and_takes_no_checkpoint(tmp_path: Path) -> None:
+    """Our stubborn ACP agent keeps no session files the driver knows: a checkpoint given to it falls back
+    (`checkpoint.unsupported`), and its runs record none."""
+    from tests.integration.harness import boot_payload as stubborn_payload
+
+    async with control_plane(sandbox(tmp_path)) as cp:
+        payload = stubborn_payload(tmp_path, cp.url)
+        digest = "0" * 64
+        payload["execution"]["native_checkpoint"] = {
+            "runtime": "acp",
+            "native_ref": "ses-old",
+            "files": [{"path": "x.jsonl", "url": (tmp_path / "nope").as_uri(), "size": 1, "sha256": digest}],
+        }
+        d = Driver(tmp_path, payload)
+        try:
+            assert (await turn(cp, "run-1", "[[say:hi]] hello"))["status"] == "completed"
+            reset = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "runtime.session.reset")
+            assert reset["payload"]["previous"] == "ses-old"
+            assert reset["payload"]["reason"].startswith("checkpoint.unsupported")
+            assert kinds_of(cp, "checkpoint.recorded") == [] and kinds_of(cp, "checkpoint.file") == []
+        finally:
+            d.close()
