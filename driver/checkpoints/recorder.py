@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from driver import logs
-from driver.adapters.process import secret_values
 from driver.checkpoints import chunks, layout
 from driver.ports.files import open_directory
 
@@ -66,7 +65,7 @@ class Checkpointer:
         boot = kernel.boot
         self.provider_dir = Path(boot.session.state_dir) / "providers" / boot.execution.runtime
         self.layout = layout.layout_for(boot.execution, self.provider_dir)
-        self._secrets = [s.encode() for s in secret_values(boot.execution.environment)]
+        self._secrets: list[bytes] | None = None  # on the first checkpoint: off the start's path
         self._lock = anyio.Lock()
         self.last_run_id: str | None = None
         self.recorded = 0  # checkpoints admitted by this process (for tests and figures)
@@ -118,7 +117,12 @@ class Checkpointer:
                 {"bytes": total, "limit": chunks.MAX_CHECKPOINT_BYTES, "native_ref": ref},
             )
             return None
-        leaked = sorted(p for p, d in files.items() if any(s in d for s in self._secrets))
+        if self._secrets is None:
+            from driver.adapters.process import secret_values
+
+            self._secrets = [s.encode() for s in secret_values(k.boot.execution.environment)]
+        secrets = self._secrets
+        leaked = sorted(p for p, d in files.items() if any(s in d for s in secrets))
         if leaked:
             # A credential of the execution is written in the session itself (e.g. a tool printed the
             # environment): no checkpoint may carry it, so none is taken. Names only, never the value.
