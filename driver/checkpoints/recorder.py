@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from driver import logs
 from driver.checkpoints import chunks, layout
@@ -135,6 +136,15 @@ class Checkpointer:
         started = time.monotonic()
         sent = chunks.decode_sent(await anyio.to_thread.run_sync(k.journal.text, SENT_KEY), ref)
         checkpoint_id = f"ckpt-{uuid.uuid4().hex}"
+        body = chunks.manifest(checkpoint_id, run_id, k.boot.execution.runtime, ref, files)
+        if len(msgspec.json.encode(body)) > k.max_event_bytes:
+            # §4.3 would cut the manifest's file list, and a cut manifest restores nothing: none is sent.
+            await self._diagnose(
+                "checkpoint.too_large",
+                f"the manifest of {len(files)} files does not fit max_event_bytes ({k.max_event_bytes})",
+                {"files": len(files), "limit": k.max_event_bytes, "native_ref": ref},
+            )
+            return None
         new_sent: dict[str, chunks.Sent] = {}
         sent_bytes = 0
         for rel, data in sorted(files.items()):
@@ -149,7 +159,6 @@ class Checkpointer:
                     await k.emit("checkpoint.file", payload)
                 sent_bytes += len(data) - offset
             new_sent[rel] = chunks.Sent(len(data), chunks.sha256_hex(data))
-        body = chunks.manifest(checkpoint_id, run_id, k.boot.execution.runtime, ref, files)
         event_id = await k.emit("checkpoint.recorded", body)
         await anyio.to_thread.run_sync(k.journal.set_text, SENT_KEY, chunks.encode_sent(ref, new_sent))
         self.recorded += 1

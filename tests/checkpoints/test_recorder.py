@@ -124,11 +124,11 @@ async def test_a_session_holding_a_credential_is_never_sent(kernel: Kernel, tmp_
     assert KEY not in msgspec.json.encode(payload).decode()
 
 
-async def test_no_room_for_data_is_a_diagnostic_never_a_cut(kernel: Kernel, tmp_path: Path) -> None:
-    kernel.max_event_bytes = 200
+async def test_no_room_for_the_events_is_a_diagnostic_never_a_cut(kernel: Kernel, tmp_path: Path) -> None:
+    kernel.max_event_bytes = 200  # neither the manifest nor a chunk's fixed fields fit
     rollout(tmp_path).write_bytes(b"x" * 100)
     assert await Checkpointer(kernel).after_run("run-1") is None  # type: ignore[arg-type]
-    assert [p["code"] for k, p in kernel.emitted] == ["checkpoint.failed"]
+    assert [(k, p["code"]) for k, p in kernel.emitted] == [("diagnostic.reported", "checkpoint.too_large")]
 
 
 async def test_no_current_session_no_checkpoint(kernel: Kernel, tmp_path: Path) -> None:
@@ -136,3 +136,15 @@ async def test_no_current_session_no_checkpoint(kernel: Kernel, tmp_path: Path) 
     kernel.provider.current = None
     assert await Checkpointer(kernel).after_run("run-1") is None  # type: ignore[arg-type]
     assert kernel.emitted == []
+
+
+async def test_a_manifest_that_would_be_cut_is_never_sent(kernel: Kernel, tmp_path: Path) -> None:
+    """§4.3 would shorten the manifest's file list: a checkpoint whose manifest does not fit is refused."""
+    home = tmp_path / "state/providers/openai-app-server/codex-home/sessions/2026/12"
+    for day in range(1, 29):
+        (home / f"{day:02d}").mkdir(parents=True)
+        (home / f"{day:02d}" / f"rollout-2026-12-{day:02d}T10-00-00-{REF}.jsonl").write_bytes(b"x")
+    kernel.max_event_bytes = 2048
+    assert await Checkpointer(kernel).after_run("run-1") is None  # type: ignore[arg-type]
+    [(kind, payload)] = kernel.emitted
+    assert (kind, payload["code"], payload["details"]["files"]) == ("diagnostic.reported", "checkpoint.too_large", 28)
