@@ -257,3 +257,40 @@ async def test_an_agent_of_unknown_layout_falls_back_and_takes_no_checkpoint(tmp
             assert kinds_of(cp, "checkpoint.recorded") == [] and kinds_of(cp, "checkpoint.file") == []
         finally:
             d.close()
+
+
+@pytest.mark.provider
+async def test_a_payload_minted_with_resume_from_restores_the_session(tmp_path: Path, fakes: Fakes) -> None:
+    """The whole reference path: the session's checkpoints stored by one control plane, a payload minted by
+    `agent-driver controlplane boot --resume-from` from its HTTP API, a driver in a new sandbox (talking to
+    another control plane) resuming natively from it."""
+    import asyncio
+
+    from agent_lab.controlplane.boot import main as boot_main
+
+    from tests.integration.harness import TOKEN
+
+    runtime = "openai-app-server"
+    b = sandbox(tmp_path / "b")
+    async with control_plane(sandbox(tmp_path / "a")) as cp_a, control_plane(b) as cp_b:
+        await first_sandbox(cp_a, runtime, tmp_path / "a", fakes, runs=1)
+        token_file = tmp_path / "cp.token"
+        token_file.write_text(TOKEN)
+        out = tmp_path / "b.boot.json"
+        argv = ["--runtime", runtime, "--instance", INSTANCE, "--out", str(out), "--url", str(cp_a.http_url),
+                "--cp-url", cp_b.url, "--token-file", str(token_file), "--cwd", str(b / "cwd"),
+                "--state-dir", str(b / "state"), "--model", "gpt-5.5", "--env", f"OPENAI_API_KEY={SECRETS[1]}",
+                "--provider-option", f"base_url={fakes.responses.base_url}",
+                "--provider-option", "env_key=OPENAI_API_KEY", "--resume-from", INSTANCE]  # fmt: skip
+        assert await asyncio.to_thread(boot_main, argv) == 0
+        payload = json.loads(out.read_text())
+        assert payload["execution"]["native_checkpoint"]["files"][0]["url"].startswith("file:")
+        (b / "cwd").mkdir(exist_ok=True)
+        d = Driver(b, payload)
+        try:
+            asked_before = len(fake_of(fakes, runtime).requests)
+            assert (await turn(cp_b, "run-2", "Which word did I ask you to remember?"))["status"] == "completed"
+            assert MARKER in first_turn_request(fakes, runtime, asked_before)
+            assert kinds_of(cp_b, "runtime.session.reset") == []
+        finally:
+            d.close()
