@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from agent_lab.controlplane import ControlPlane
+from agent_lab.controlplane.cli import main as cli_main
 from agent_lab.controlplane.store import Store
 from agent_lab.controlplane.validation import ValidEvent, check_event
 
@@ -21,6 +22,7 @@ from driver.checkpoints import chunks
 from driver.ports.fetch import fetch_to
 from tests.controlplane.client import INSTANCE, TOKEN, batch, event, handshake, http, recv, send
 from tests.controlplane.test_boot import base_argv, mint
+from tests.controlplane.test_http_api import printed_json
 
 PATH = "sessions/2026/12/01/rollout-2026-12-01T10-00-00-thr-1.jsonl"
 
@@ -129,7 +131,7 @@ def test_chunk_sizes_never_exceed_the_limit_and_join_back() -> None:
 
 
 async def test_boot_resume_from_writes_the_latest_checkpoint(
-    cp: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cp: ControlPlane, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     feed = Feed()
     data = b'{"type": "session_meta"}\n' * 200
@@ -148,6 +150,9 @@ async def test_boot_resume_from_writes_the_latest_checkpoint(
 
     token_file = tmp_path / "cp.token"
     token_file.write_text(TOKEN + "\n")
+    argv = ["checkpoints", "--url", str(cp.http_url), "--token-file", str(token_file), "--instance", INSTANCE]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    assert printed_json(capsys.readouterr().out)["checkpoints"] == listing["checkpoints"]
     out = tmp_path / "boot.json"
     argv = [*base_argv(cp, token_file, out, "openai-app-server"), "--resume-from", INSTANCE]
     assert await mint(argv) == 0
