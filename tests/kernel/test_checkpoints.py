@@ -294,3 +294,38 @@ async def test_a_payload_minted_with_resume_from_restores_the_session(tmp_path: 
             assert kinds_of(cp_b, "runtime.session.reset") == []
         finally:
             d.close()
+
+
+@pytest.mark.provider
+async def test_a_refused_checkpoint_makes_the_next_one_send_whole_files(tmp_path: Path, fakes: Fakes) -> None:
+    """A control plane that lost the bytes a chunk continues (here: its working copy deleted) refuses the
+    chunk (`checkpoint.incomplete`, final); the driver reports it and its next checkpoint starts over."""
+    import sqlite3
+
+    runtime = "openai-app-server"
+    async with control_plane(sandbox(tmp_path)) as cp:
+        d = Driver(tmp_path, boot_payload(runtime, tmp_path, cp.url, fakes))
+        try:
+            assert (await turn(cp, "run-1", f"Remember {MARKER}."))["status"] == "completed"
+            with sqlite3.connect(tmp_path / "cp.sqlite3") as db:
+                db.execute("DELETE FROM checkpoint_files")
+            assert (await turn(cp, "run-2", "Say ok."))["status"] == "completed"
+            await cp.wait_for_event(
+                INSTANCE,
+                lambda e: (
+                    e["kind"] == "diagnostic.reported"
+                    and e["payload"]["code"] == "event.rejected"
+                    and e["payload"]["details"]["kind"].startswith("checkpoint.")
+                ),
+            )
+            assert [c["run_id"] for c in cp.checkpoints(INSTANCE)] == ["run-1"]  # run-2's was refused
+            assert (await turn(cp, "run-3", "Say ok again."))["status"] == "completed"
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "checkpoint.recorded" and e["run_id"] is None
+                                    and e["payload"]["run_id"] == "run-3")  # fmt: skip
+            latest = cp.checkpoints(INSTANCE)[-1]
+            assert latest["run_id"] == "run-3"
+            third = [e["payload"] for e in kinds_of(cp, "checkpoint.file")
+                     if e["payload"]["checkpoint_id"] == latest["checkpoint_id"]]  # fmt: skip
+            assert third and third[0]["offset"] == 0  # the whole file again
+        finally:
+            d.close()
