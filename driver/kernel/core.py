@@ -51,6 +51,7 @@ from driver.states import StateMachine, Trigger
 if TYPE_CHECKING:
     # The rooms are imported by `driver.kernel.rooms` once the first hello is out (see `serve`).
     from driver.adapters.base import Adapter, Ports
+    from driver.checkpoints.recorder import Checkpointer
     from driver.kernel.commands import CommandDesk
     from driver.kernel.lifecycle import Lifecycle
     from driver.kernel.provider import ProviderRoom
@@ -90,6 +91,7 @@ class Kernel:
     runs: RunPath
     provider: ProviderRoom
     lifecycle: Lifecycle
+    checkpoints: Checkpointer
     telemetry: TelemetryRoom
     supervisor: ProviderSupervisor
 
@@ -277,6 +279,8 @@ class Kernel:
                 continue  # never loop on a diagnostic about a diagnostic
             if f.kind == "host_tool.called":
                 self.host_tools.rejected(f.event_id)
+            elif f.kind.startswith("checkpoint."):
+                self.checkpoints.forget()  # §8.1: the next checkpoint sends whole files
             await self.emit(
                 "diagnostic.reported",
                 {
@@ -319,6 +323,8 @@ class Kernel:
             self.assemble()
             self.supervisor.bind(tg)
             await self.lifecycle.recover()
+            # §8.1: before any command can start the provider, which must find the restored session.
+            await self.provider.restore_checkpoint()
             self.ready.set()
             if not gc.isenabled():
                 # `agent-driver run` starts with the collector off (fewer pauses on the way to

@@ -129,6 +129,9 @@ class Lifecycle:
             await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)
             await run.ended.wait()
         await k.supervisor.stop()
+        if drain:
+            # §8.1: the provider is stopped, its files complete; the drain below waits for the receipts.
+            await k.checkpoints.at_stop()
         await k.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled
         if drain:

@@ -32,6 +32,7 @@ from driver.adapters.environment import provider_env
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
+    from driver.checkpoints.restore import Restored
     from driver.kernel.core import Kernel
 
 log = logs.get("driver.kernel.provider")
@@ -42,6 +43,8 @@ PROVIDER_EXIT_GRACE_S = 3.0
 CURRENT_REF_KEY = "native_ref"
 # Set once a session.reset discarded the session the boot payload's recovery messages belong to.
 RECOVERY_DISCARDED_KEY = "recovery_discarded"
+# §8.1: the native_ref of the execution.native_checkpoint this state_dir already tried to restore.
+CHECKPOINT_RESTORED_KEY = "checkpoint_restored"
 
 
 class ProviderRoom:
@@ -59,6 +62,9 @@ class ProviderRoom:
         # Whether the adapter being started announced its session itself (else the kernel does).
         self._announced = False
         self._replay_without_ref = False
+        # §8.1: (previous ref, reason) of a checkpoint that could not be restored, said once the
+        # fresh session is known.
+        self._checkpoint_reset: tuple[str, str] | None = None
 
     # -- building adapters ------------------------------------------------------------------------
     def replay_messages(self) -> list[RecoveryMessage]:
@@ -100,10 +106,18 @@ class ProviderRoom:
 
     async def _after_start(self, adapter: Adapter) -> None:
         ref = adapter.native_id
+        if ref is None and self._checkpoint_reset is not None:
+            # No session came up, but the checkpoint's failure must still be said (once).
+            (previous, reason), self._checkpoint_reset = self._checkpoint_reset, None
+            await self.k.emit("runtime.session.reset", {"previous": previous, "current": None, "reason": reason})
         if ref is None:
             return
         runtime = self.k.boot.execution.runtime
-        if self._replay_without_ref:
+        if self._checkpoint_reset is not None:
+            (previous, reason), self._checkpoint_reset = self._checkpoint_reset, None
+            self._replay_without_ref = False
+            await self.k.emit("runtime.session.reset", {"previous": previous, "current": ref, "reason": reason})
+        elif self._replay_without_ref:
             self._replay_without_ref = False
             await self.k.emit("runtime.session.reset", {"previous": None, "current": ref})
         if not self._announced or self.current is None or self.current.value != ref:
@@ -207,6 +221,43 @@ class ProviderRoom:
         # A no-op when the run path already replaced this adapter.
         k.supervisor.lost(adapter, "the provider exited", crashed=True)
 
+    async def restore_checkpoint(self) -> None:
+        """PROTOCOL §8.1: place `execution.native_checkpoint`'s files and make its ref current, once per
+        state_dir (a restart on the same state_dir has the files already, maybe newer). On any mismatch
+        no ref is current: the provider starts fresh, replays the transcript, and the reset names why."""
+        k = self.k
+        checkpoint = k.boot.execution.native_checkpoint
+        journal = k.journal
+        if checkpoint is None or journal.text(CHECKPOINT_RESTORED_KEY) is not None:
+            return
+        done = await _restore_files(k)
+        if isinstance(done, str):
+            log.warning("checkpoint.restore_failed", native_ref=checkpoint.native_ref, reason=done)
+            self._checkpoint_reset = (checkpoint.native_ref, done)
+            self.current = None
+            await anyio.to_thread.run_sync(journal.set_text, CURRENT_REF_KEY, None)
+        else:
+            ref = NativeResume(runtime=checkpoint.runtime, value=checkpoint.native_ref)
+            await self._set_current(ref)
+            await k.emit(
+                "diagnostic.reported",
+                {
+                    "code": "checkpoint.restored",
+                    "severity": "info",
+                    "message": f"native session {checkpoint.native_ref} restored from a checkpoint",
+                    "details": {
+                        "native_ref": checkpoint.native_ref,
+                        "files": done.files,
+                        "bytes": done.bytes,
+                        "ms": done.ms,
+                    },
+                },
+            )
+        await anyio.to_thread.run_sync(journal.set_text, CHECKPOINT_RESTORED_KEY, checkpoint.native_ref)
+        # The supervisor built its first adapter (not started yet: `boot` comes after) with the ref
+        # current before the restore: build it again with the restored one.
+        k.supervisor.adapter = self.new_adapter()
+
     async def install_skills(self) -> None:
         k = self.k
         if not k.boot.execution.skills:
@@ -249,6 +300,21 @@ class ProviderRoom:
                 "timings": timings,
             },
         )
+
+
+async def _restore_files(k: Kernel) -> Restored | str:
+    """The restore's figures, or why it failed (a `checkpoint.<code>: ...` reason)."""
+    from driver.checkpoints import restore
+
+    checkpoint = k.boot.execution.native_checkpoint
+    assert checkpoint is not None
+    try:
+        return await restore.restore(checkpoint, k.boot.execution.runtime, k.checkpoints.layout, k.boot.session.cwd)
+    except restore.RestoreFailed as exc:
+        return str(exc)
+    except Exception as exc:  # no input may take the driver down: an unforeseen failure falls back too
+        log.exception("checkpoint.restore_error")
+        return f"checkpoint.failed: {type(exc).__name__}: {exc}"
 
 
 def _encode_ref(ref: NativeResume) -> str:

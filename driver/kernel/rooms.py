@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from driver.adapters.base import Ports
+from driver.checkpoints.recorder import Checkpointer
 from driver.kernel.commands import CommandDesk
 from driver.kernel.lifecycle import Lifecycle
 from driver.kernel.provider import ProviderRoom
@@ -47,6 +48,7 @@ def assemble(k: Kernel) -> None:
     k.commands = CommandDesk(k)
     k.runs = RunPath(k)
     k.provider = ProviderRoom(k)
+    k.checkpoints = Checkpointer(k)
     k.lifecycle = Lifecycle(k)
     k.telemetry = TelemetryRoom(k)
     opts = k.options

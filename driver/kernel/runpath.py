@@ -106,6 +106,8 @@ class RunPath:
         terminal_id = await self.end_run(run, outcome, error)
         status = STATUS_OF[run.terminal or "run.failed"]
         k.outbox.watch(terminal_id)
+        # §8.1: the native session as this run left it, before the next run can start.
+        await k.checkpoints.after_run(run.run_id)
         k.run = None
         k.fire("run_ended")
         attempt = k.supervisor.attempt

@@ -13,6 +13,9 @@ import msgspec
 
 from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload schemas)
     ArtifactProduced,
+    CheckpointFileChunk,
+    CheckpointManifestEntry,
+    CheckpointRecorded,
     CommandFinished,
     DiagnosticReported,
     DriverStarted,
@@ -102,6 +105,9 @@ EVENT_KINDS: dict[str, EventKind] = {
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
     "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
     "log.records": _k(LogRecords, "best_effort", run_scoped=False),
+    # §8.1: after a run's terminal (so not run-scoped: nothing run-scoped follows a terminal).
+    "checkpoint.file": _k(CheckpointFileChunk, run_scoped=False),
+    "checkpoint.recorded": _k(CheckpointRecorded, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

@@ -5,7 +5,7 @@ Field names are normative; `driver.protocol.events` ties each kind to its schema
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -192,9 +192,11 @@ class RuntimeResumeUpdated(_P):
     value: str
 
 
-class RuntimeSessionReset(_P):
+class RuntimeSessionReset(_P, omit_defaults=True):
     previous: str | None
     current: str | None
+    # §8.1: why a native checkpoint could not be restored (omitted for the other resets).
+    reason: str | None = None
 
 
 class SessionModeInfo(msgspec.Struct, kw_only=True):
@@ -275,3 +277,31 @@ class LogRecord(msgspec.Struct, kw_only=True):
 class LogRecords(_P):
     records: list[LogRecord]
     dropped: int = 0  # lines not sent since the previous batch (held-buffer overflow, rate limit)
+
+
+class CheckpointFileChunk(_P):
+    """§8.1 `checkpoint.file`: bytes `offset`.. of one file of a checkpoint (base64)."""
+
+    checkpoint_id: str
+    path: str  # relative to the provider's home
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    data_b64: str
+    size: Annotated[int, msgspec.Meta(ge=0)]  # the whole file's size
+    sha256: str  # of the whole file
+
+
+class CheckpointManifestEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: str
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    sha256: str
+
+
+class CheckpointRecorded(_P):
+    """§8.1 `checkpoint.recorded`: the manifest; the checkpoint is complete once this is receipted."""
+
+    checkpoint_id: str
+    run_id: str | None
+    runtime: str
+    native_ref: str
+    format: Literal[1]
+    files: list[CheckpointManifestEntry]

@@ -152,3 +152,45 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
     for shown in ("running", "run-1", "3", "17", "provider_pid=812, provider_rss_mb=412.5"):
         assert shown in seen["fields"]
     assert seen["shot"]
+
+
+async def test_each_checkpoint_is_one_row_and_its_chunks_stay_out(cp: ControlPlane, tmp_path: Path) -> None:
+    """PROTOCOL §8.1 in the console: a checkpoint's manifest is one row (run, files, bytes, session); the
+    chunks carry base64 of the session files and get no row; a reset that names its reason shows it."""
+    from driver.checkpoints import chunks
+
+    ws, _ = await handshake(cp.url)
+    data = b'{"type": "user"}\n' * 100
+    path = "sessions/2026/12/01/rollout-x-thr-9.jsonl"
+    pieces = chunks.file_chunks("ckpt-abc", path, data, 0, 1024)
+    manifest = chunks.manifest("ckpt-abc", "run-1", "openai-app-server", "thr-9", {path: data})
+    events = [event(1, "run.started")]
+    events += [event(2 + i, "checkpoint.file", run_id=None, payload=p) for i, p in enumerate(pieces)]
+    n = 2 + len(pieces)
+    events.append(event(n, "checkpoint.recorded", run_id=None, payload=manifest))
+    reset = {"previous": "thr-0", "current": "thr-9", "reason": "checkpoint.hash_mismatch: x: sha256 does not match"}
+    events.append(event(n + 1, "runtime.session.reset", run_id=None, payload=reset))
+    await send(ws, batch(1, events))
+    await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == n + 1)
+    assert cp.http_url is not None
+    url = console_login_url(cp.http_url, CONSOLE_TOKEN, True)
+
+    def look() -> dict[str, Any]:
+        browser = chromium(tmp_path / "profile", tmp_path / "downloads")
+        try:
+            browser.get(url)
+            row = _one(browser, '.ev[data-kind="checkpoint.recorded"]')
+            return {
+                "checkpoint": row.text,
+                "reset": _one(browser, '.ev[data-kind="runtime.session.reset"]').text,
+                "chunks": len(browser.find_elements("css selector", '.ev[data-kind="checkpoint.file"]')),
+            }
+        finally:
+            browser.quit()
+
+    seen = await asyncio.to_thread(look)
+    await ws.close()
+    assert "ckpt-abc" in seen["checkpoint"] and f"{len(data)} bytes" in seen["checkpoint"]
+    assert "after run-1" in seen["checkpoint"] and "thr-9" in seen["checkpoint"]
+    assert seen["chunks"] == 0
+    assert "checkpoint.hash_mismatch" in seen["reset"]

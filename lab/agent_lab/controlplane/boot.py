@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     execution.add_argument("--acp-command", help="execution.acp.command, split like a shell would")
     execution.add_argument("--acp-env", action="append", default=[], metavar="NAME[=VALUE]", help="execution.acp.env")
     execution.add_argument("--native-resume", metavar="RUNTIME=VALUE", help="execution.native_resume")
+    execution.add_argument("--resume-from", metavar="INSTANCE",
+                           help="execution.native_checkpoint: INSTANCE's latest checkpoint (§8.1)")  # fmt: skip
+    execution.add_argument("--checkpoint-dir", type=Path,
+                           help="where --resume-from writes the files (default: OUT.checkpoint)")  # fmt: skip
     p.add_argument("--traceparent")
     p.add_argument("--json", action="append", default=[], dest="fragments", metavar="JSON",
                    help="a JSON object merged over the payload (repeatable, applied last)")  # fmt: skip
@@ -264,7 +268,18 @@ def mint(args: argparse.Namespace, env: Mapping[str, str]) -> str:
         raise MintError(f"--token-file {args.token_file} is empty")
     owner = parse_owner(args.owner) if args.owner else None
     url = args.cp_url or ask_driver_url(args.url, token, args.instance)
-    data = encode_checked(build_payload(args, control_url=url, token=token, env=env))
+    payload = build_payload(args, control_url=url, token=token, env=env)
+    if args.resume_from is not None:
+        from agent_lab.controlplane.resume_from import ResumeError, resume_from
+
+        folder = args.checkpoint_dir or args.out.with_name(args.out.name + ".checkpoint")
+        try:
+            payload["execution"]["native_checkpoint"] = resume_from(
+                args.url, token, args.resume_from, args.runtime, folder.absolute(), owner
+            )
+        except ResumeError as exc:
+            raise MintError(f"--resume-from: {exc}") from None
+    data = encode_checked(payload)
     write_payload(args.out, data, owner)
     return url
 

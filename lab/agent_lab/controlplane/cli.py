@@ -22,6 +22,8 @@ agent-driver controlplane events   --url ... --token-file ... --instance ID [--a
                           [--wait SECONDS]
     With --wait: when nothing matches yet, wait up to SECONDS for a match (exit 1 if none came).
 agent-driver controlplane commands --url ... --token-file ... --instance ID
+agent-driver controlplane checkpoints --url ... --token-file ... --instance ID
+    The instance's complete native checkpoints (PROTOCOL §8.1); `boot --resume-from ID` uses the last.
 agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
 agent-driver controlplane terminate --url ... --token-file ... --instance ID
 agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
@@ -48,7 +50,7 @@ from typing import Any
 
 import tenacity
 
-CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
+CLIENT_COMMANDS = ("send", "events", "commands", "checkpoints", "faults", "terminate")
 
 
 def main(argv: list[str]) -> int:
@@ -238,6 +240,8 @@ def _client(command: str, argv: list[str]) -> int:
         return _show((status, answer))
     if command == "commands":
         return _show(_call(base, token, "GET", prefix + "/commands"))
+    if command == "checkpoints":  # PROTOCOL §8.1: the instance's complete checkpoints
+        return _show(_call(base, token, "GET", prefix + "/checkpoints"))
     return _show(_call(base, token, "POST", prefix + "/terminate", {}))
 
 

@@ -23,6 +23,7 @@ Routes:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from http import HTTPStatus
@@ -161,6 +162,10 @@ class HttpApi:
             return HTTPStatus.OK, {"commands": self.cp.commands(instance_id)}
         if route == ("GET", "events"):
             return HTTPStatus.OK, await self._events(instance_id, query)
+        if route == ("GET", "checkpoints"):
+            return HTTPStatus.OK, {"checkpoints": self.cp.checkpoints(instance_id)}
+        if route == ("GET", "checkpoint-file"):
+            return HTTPStatus.OK, self._checkpoint_file(instance_id, query.get("sha256", [""])[0])
         if route == ("POST", "terminate"):
             await self.cp.terminate(instance_id)
             return HTTPStatus.OK, {"terminated": True}
@@ -188,6 +193,15 @@ class HttpApi:
             "events_stored": self.cp.store.count_events(instance_id),
             "driver_url": self.cp.url,  # what a boot payload's control.url should say (`controlplane boot`)
         }
+
+    def _checkpoint_file(self, instance_id: str, sha256: str) -> dict[str, Any]:
+        """One file of the instance's checkpoints (PROTOCOL §8.1), base64: only a file one of them lists."""
+        if not any(f["sha256"] == sha256 for c in self.cp.checkpoints(instance_id) for f in c["files"]):
+            raise HttpError(HTTPStatus.NOT_FOUND, "no checkpoint of this instance has that file")
+        data = self.cp.store.checkpoint_blob(sha256)
+        if data is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, "no checkpoint of this instance has that file")
+        return {"sha256": sha256, "size": len(data), "data_b64": base64.b64encode(data).decode("ascii")}
 
     async def _post_command(self, instance_id: str, args: dict[str, Any]) -> Answer:
         kind = args.pop("kind", None)

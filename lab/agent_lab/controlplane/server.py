@@ -209,6 +209,17 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
     def commands(self, instance_id: str) -> list[dict[str, Any]]:
         return self.store.commands(instance_id)
 
+    def checkpoints(self, instance_id: str) -> list[dict[str, Any]]:
+        """The instance's complete native checkpoints (PROTOCOL §8.1), oldest first."""
+        return self.store.checkpoints(instance_id)
+
+    def native_checkpoint(self, instance_id: str, folder: Path) -> dict[str, Any] | None:
+        """`execution.native_checkpoint` from the instance's latest complete checkpoint (files in `folder`)."""
+        from agent_lab.controlplane.checkpoints import native_checkpoint
+
+        latest = self.store.latest_checkpoint(instance_id)
+        return None if latest is None else native_checkpoint(latest, folder, self.store.checkpoint_blob)
+
     def command(self, command_id: str) -> dict[str, Any] | None:
         return self.store.command(command_id)
 

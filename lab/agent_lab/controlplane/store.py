@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent_lab.controlplane import checkpoints
 from agent_lab.controlplane.store_rows import (
     COMMAND_COLUMNS,
     EVENT_COLUMNS,
@@ -47,6 +48,7 @@ class Store:
         if create:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.executescript(SCHEMA)
+            self._db.executescript(checkpoints.SCHEMA)
         # FULL: the WAL is fsync'd at every commit, so "committed" means "survives power loss".
         self._db.execute("PRAGMA synchronous = FULL")
 
@@ -123,6 +125,10 @@ class Store:
                         )
                     continue
                 seen.add(ev.event_id)
+                refused = self._apply_checkpoint(instance_id, ev, stamp)
+                if refused is not None:
+                    result.rejected.append(refused)
+                    continue
                 fresh.append(ev)
             self._db.executemany(
                 f"INSERT INTO events ({EVENT_COLUMNS}, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -151,6 +157,32 @@ class Store:
             result.stored = fresh
             result.stored_at = stamp
         return result
+
+    def _apply_checkpoint(self, instance_id: str, ev: ValidEvent, stamp: str) -> StoredRejection | None:
+        """PROTOCOL §8.1: reassemble a checkpoint's chunks as they are stored; a rejection when refused."""
+        if not ev.kind.startswith("checkpoint."):
+            return None
+        try:
+            with self._tx():  # a savepoint: a refused event leaves nothing behind
+                payload = json.loads(ev.payload_json)
+                if ev.kind == "checkpoint.file":
+                    checkpoints.apply_file(self._db, instance_id, payload)
+                else:
+                    checkpoints.apply_recorded(self._db, instance_id, payload, stamp)
+        except checkpoints.CheckpointRefused as exc:
+            return StoredRejection(
+                event_id=ev.event_id, code="checkpoint.incomplete", message=str(exc), retryable=False
+            )
+        return None
+
+    def checkpoints(self, instance_id: str) -> list[dict[str, Any]]:
+        return checkpoints.listing(self._db, instance_id)
+
+    def latest_checkpoint(self, instance_id: str) -> dict[str, Any] | None:
+        return checkpoints.latest(self._db, instance_id)
+
+    def checkpoint_blob(self, sha256: str) -> bytes | None:
+        return checkpoints.blob(self._db, sha256)
 
     def add_command(
         self, instance_id: str, kind: str, fields: dict[str, Any], command_id: str | None = None

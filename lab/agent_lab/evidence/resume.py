@@ -23,7 +23,6 @@ from agent_lab.evidence.rig import DriverProc, Rig, Sandbox, descendants, pgid_o
 
 SLOW = "[[slow]]"
 LINK_TOOL = "[[shell:sleep 2; echo link-ok]]"
-ANY_RESUMED = ("resumed", "reset+replayed")
 
 # PROTOCOL §8: what each failure must leave (fields judged against the measured values).
 EXPECTED: dict[str, dict[str, Any]] = {
@@ -46,8 +45,14 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "memory_kept": True,
         "provider_processes_left": 0,
     },
-    "sandbox lost (cattle)": {"native_session": ANY_RESUMED, "files_kept": False},
-    "sandbox lost (pet, memory_dir kept)": {"native_session": ANY_RESUMED, "files_kept": False, "memory_kept": True},
+    # §8.1: the native session comes back from the last checkpoint, not as a replayed transcript.
+    "sandbox lost (cattle)": {"native_session": "resumed", "restored_from": "checkpoint", "files_kept": False},
+    "sandbox lost (pet, memory_dir kept)": {
+        "native_session": "resumed",
+        "restored_from": "checkpoint",
+        "files_kept": False,
+        "memory_kept": True,
+    },
 }
 
 
@@ -195,24 +200,47 @@ def recovery_from_store(rig: Rig, instance: str) -> tuple[dict[str, str] | None,
 
 async def sandbox_lost(rig: Rig, runtime: str, s: Story) -> Case:
     d = await seed(rig, runtime, s.box, s.word)
+    # The seed run's checkpoint (§8.1) is complete once its checkpoint.recorded is stored.
+    await rig.event(s.instance, lambda e: e["kind"] == "checkpoint.recorded" and e["payload"]["run_id"] == "run-seed")
     await in_flight(rig, s.instance)
     tree = descendants(d.pid)
     d.kill_driver_only()
     reap(tree)  # the whole sandbox is gone: every process in it
     ref, messages = recovery_from_store(rig, s.instance)
+    checkpoint = rig.cp.native_checkpoint(s.instance, rig.root / f"{s.instance}-checkpoint")
     box2 = rig.sandbox(s.instance + "-new", s.box.kind, s.box.memory_dir)
-    rig.start(runtime, box2, name="driver", native_resume=ref, recovery_messages=messages)
+    rig.start(runtime, box2, name="driver", native_resume=ref, recovery_messages=messages, native_checkpoint=checkpoint)
     await rig.started(box2.instance)
     after = await after_turn(rig, runtime, box2.instance, s.word)
     m = _measure(rig, s, s.instance, after, box2, {"run-hit"})
     m["native_resume_given"] = ref is not None
     m["recovery_messages_given"] = len(messages)
+    m |= restore_measures(rig, box2.instance, checkpoint)
     return _case(
         s.case,
         m,
-        "driver and provider SIGKILLed; a new instance on a fresh cwd/state_dir, "
-        "booted with the CP's last runtime.resume.updated ref and transcript",
+        "driver and provider SIGKILLed; a new instance on a fresh cwd/state_dir, booted with the CP's latest "
+        "complete checkpoint (execution.native_checkpoint), its last runtime.resume.updated ref and transcript",
     )
+
+
+def restore_measures(rig: Rig, instance: str, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
+    """Where the native session came from in the new sandbox, the checkpoint's size and the restore time
+    (the driver's `checkpoint.restored` diagnostic), and the new provider's start beside it."""
+    restored = [
+        e["payload"]["details"]
+        for e in rig.cp.events(instance, kinds=["diagnostic.reported"])
+        if e["payload"]["code"] == "checkpoint.restored"
+    ]
+    started = rig.cp.events(instance, kinds=["driver.started"])
+    timings = started[-1]["payload"]["timings"] if started else {}
+    return {
+        "restored_from": "checkpoint" if restored else ("none given" if checkpoint is None else "fallback"),
+        "checkpoint_bytes": sum(f["size"] for f in checkpoint["files"]) if checkpoint else None,
+        "checkpoint_files": len(checkpoint["files"]) if checkpoint else None,
+        "restore_ms": restored[0]["ms"] if restored else None,
+        "provider_start_ms": timings.get("provider_start_ms"),
+    }
 
 
 CASES: list[tuple[str, str, Callable[[Rig, str, Story], Awaitable[Case]]]] = [

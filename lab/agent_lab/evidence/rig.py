@@ -72,6 +72,7 @@ def payload(
     policy: str = "full_access",
     native_resume: dict[str, str] | None = None,
     recovery_messages: list[dict[str, str]] | None = None,
+    native_checkpoint: dict[str, Any] | None = None,
     acp_command: list[str] | None = None,
     acp_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -83,6 +84,7 @@ def payload(
         "permission_timeout_ms": 60_000,
         "native_resume": native_resume,
         "recovery_messages": recovery_messages or [],
+        "native_checkpoint": native_checkpoint,  # PROTOCOL §8.1
     }
     if runtime == "claude-agent-sdk":
         execution |= {

@@ -449,6 +449,13 @@ const HANDLERS = {
   "diagnostic.reported": simple("diagnostic", "diagnostic", (p) => `[${p.severity}] ${p.code}: ${p.message}`),
   "command.finished": simple("command finished", "command-finished", (p) => `${p.command_kind} ${p.command_id}: ${p.status}`),
   "plan.updated": simple("plan", "plan", (p) => (p.entries || []).map((e) => `${e.status}: ${e.content}`).join("\n")),
+  // §8.1: one row per checkpoint, from its manifest; the chunks (base64 of the session files) stay out.
+  "checkpoint.recorded": simple("checkpoint", "checkpoint", (p) => {
+    const bytes = (p.files || []).reduce((n, f) => n + f.size, 0);
+    return `${p.run_id ? "after " + p.run_id : "at session.stop"} · ${(p.files || []).length} file(s), ${bytes} bytes · ${p.runtime} session ${p.native_ref} · ${p.checkpoint_id}`;
+  }),
+  "checkpoint.file": () => {},
+  "runtime.session.reset": simple("session reset", "session-reset", (p) => `${p.previous || "-"} → ${p.current || "-"}${p.reason ? " · " + p.reason : ""}`),
 };
 
 // ---- commands ----------------------------------------------------------------------------------------
