@@ -21,6 +21,7 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     FileTouched,
     HostToolCalled,
     HostToolResolved,
+    InputSteered,  # PROTOCOL §3.1
     LogRecord,
     LogRecords,
     MessageCompleted,
@@ -102,6 +103,7 @@ EVENT_KINDS: dict[str, EventKind] = {
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
     "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
     "log.records": _k(LogRecords, "best_effort", run_scoped=False),
+    "input.steered": _k(InputSteered),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

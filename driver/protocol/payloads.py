@@ -275,3 +275,13 @@ class LogRecord(msgspec.Struct, kw_only=True):
 class LogRecords(_P):
     records: list[LogRecord]
     dropped: int = 0  # lines not sent since the previous batch (held-buffer overflow, rate limit)
+
+
+class InputSteered(_P):
+    """PROTOCOL §3.1: a steer reached the provider (`native`: into the running turn; `follow_up`: as
+    one more turn of the same run)."""
+
+    run_id: str
+    command_id: str
+    text: str
+    mode: Literal["native", "follow_up"]
