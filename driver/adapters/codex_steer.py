@@ -2,14 +2,16 @@
 
 Codex takes it only for the turn it names as active (`expectedTurnId`), and only once it announced
 that turn (`turn/started`); a steer sent with an id that is not (or no longer) the active one is
-refused. So: wait until the turn is announced, send with its current id, and on a refusal wait for
-Codex's next word about the turn (its id may have moved on) and send again with the id known then.
+refused. So: wait until the turn is announced, send with its current id; on a refusal that names the
+active turn ("expected active turn id `A` but found `B`") follow that turn and send again at once,
+on any other refusal wait for Codex's next word about the turn and send again with the id known then.
 Codex keeps the input with the turn and gives it to the model in the turn's next request (the one
 after the response now streaming, or after the tool call now running).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +27,8 @@ log = logs.get(__name__)
 ATTEMPTS = 5
 ANNOUNCE_WAIT_S = 15.0  # how long a steer waits for Codex to announce the turn
 RETRY_WAIT_S = 1.0  # after a refusal: until Codex's next word about the turn, at most this
+# Codex's refusal of a stale id names the turn it runs now: "expected active turn id `A` but found `B`".
+_FOUND = re.compile(r"but found `([^`]+)`")
 
 
 async def _until(turn: CodexTurn, changed: Callable[[], anyio.Event], cancelled: anyio.Event, seconds: float) -> None:
@@ -56,6 +60,12 @@ async def steer(
             result = await call("turn/steer", params)
         except JsonRpcError as exc:
             log.warning("codex.steer_refused", attempt=attempt + 1, turn_id=expected, error=exc.message)
+            found = _FOUND.search(exc.message)
+            if found is not None and found.group(1) != expected and turn.end is None:
+                # The thread's active turn moved on (one thread runs one turn at a time: it is this
+                # run's): follow it, and send again with its id at once.
+                turn.turn_id = found.group(1)
+                continue
             waiting = changed()
             with anyio.move_on_after(RETRY_WAIT_S):
                 await waiting.wait()

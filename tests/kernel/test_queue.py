@@ -158,3 +158,23 @@ async def test_a_queued_run_survives_a_driver_sigkill(tmp_path: Path, drivers: l
         assert failed["seq"] < seq["run-2"] < terminals(cp, "run-2")[0]["seq"] < seq["run-3"]
         for run_id in ("run-1", "run-2", "run-3"):
             assert len(terminals(cp, run_id)) == 1
+
+
+async def test_session_reset_cancels_every_queued_run_first(tmp_path: Path, drivers: list[Driver]) -> None:
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        await slow_run(cp, "run-1")
+        q2 = await queue(cp, "run-2", "[[say:never]]")
+        reset, _ = await cp.send_command(INSTANCE, "session.reset", reason="fresh start")
+        # The queue goes at once; the reset itself still waits for no run to be active.
+        status = await cp.wait_for_command_status(reset, timeout=10)
+        assert status["status"] == "failed" and status["error"]["code"] == "driver.run_active"
+        assert (await cp.wait_for_command_status(q2, timeout=10))["status"] == "cancelled"
+        [terminal] = terminals(cp, "run-2")
+        assert terminal["payload"]["details"]["phase"] == "queued" and terminal["payload"]["reason"] == "fresh start"
+        # So a control plane can cancel the active run and reset, with nothing queued starting between.
+        cancel, _ = await cp.send_command(INSTANCE, "turn.cancel", run_id="run-1", reason="reset")
+        await cp.wait_for_command_status(cancel, timeout=20)
+        reset, _ = await cp.send_command(INSTANCE, "session.reset", reason="now")
+        assert (await cp.wait_for_command_status(reset, timeout=30))["status"] == "completed"
+        assert not started(cp, "run-2")

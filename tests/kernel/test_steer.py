@@ -212,3 +212,25 @@ async def test_a_steer_carries_attachments_like_input_start(tmp_path: Path, driv
         assert (cwd / "inputs" / "steer-notes.txt").read_bytes() == b"steered file"
         assert "inputs/steer-notes.txt" in final
         assert f"[resource_link] {(cwd / 'inputs' / 'steer-notes.txt').as_uri()}" in final
+
+
+async def test_steered_text_joins_the_transcript_a_fresh_session_is_given(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    from tests.kernel.test_continuity import FAST, kill_provider_while_idle
+
+    async with control_plane(tmp_path) as cp:
+        payload = boot_payload(tmp_path, cp.url)
+        payload["execution"]["acp"]["env"] = {"STUBBORN_LOAD_SESSION": "0"}  # it forgets sessions when it dies
+        d = Driver(tmp_path, payload, env=FAST)
+        drivers.append(d)
+        await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[compute:1]]"})
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "tool.started", timeout=20)
+        cid = await steer(cp, "run-1", "also remember PELICAN")
+        assert (await cp.wait_for_command_status(cid, timeout=30))["status"] == "completed"
+        await wait_terminal(cp, "run-1")
+        await kill_provider_while_idle(cp, d)
+        done, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[echo]]"})
+        await cp.wait_for_command_status(done, timeout=60)
+        replayed = (await wait_terminal(cp, "run-2"))["payload"]["final_message_text"]
+        assert "user: also remember PELICAN" in replayed, replayed
