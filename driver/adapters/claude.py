@@ -58,6 +58,9 @@ from driver.protocol.commands import RunInput
 STDERR_LINES = 200
 STDERR_LINE_CHARS = 2000
 INTERRUPT_TIMEOUT_S = 5.0
+# After a cancel: how long the turn waits for the CLI's answer to a steer it had taken (interrupted
+# too), within the kernel's 5 s interrupt grace.
+STEER_ORPHAN_S = 3.0
 DISCONNECT_TIMEOUT_S = 10.0
 HOST_TOOL_PREFIX = "mcp__host__"  # how the CLI names the tools of the in-process `host` MCP server
 
@@ -319,29 +322,44 @@ class ClaudeAdapter(Adapter):
 
     async def _drain(self, client: Any, translator: TurnTranslator) -> Any:
         """Read messages until the results of every prompt of this turn (its own, and steers'); emit
-        as they come."""
-        async for message in client.receive_messages():
-            if isinstance(message, sdk.ResultMessage):
-                answered = prompts_answered(message, self._pending_prompts)
-                if not answered:
-                    continue  # a late result of an earlier, interrupted turn must not end this one
-                self._pending_prompts = [p for p in self._pending_prompts if p not in answered]
-                if self._pending_prompts and not self._cancelling:
-                    # One prompt's result; a steer's is still to come: the turn goes on.
-                    await self._note_session(getattr(message, "session_id", None))
-                    continue
-                self._turn_over = True
-            await self._note_session(getattr(message, "session_id", None) or init_session(message))
-            translator.cancelling = self._cancelling
-            for out in translator.translate(message):
-                if isinstance(out, FileTouched):
-                    await self._file_touched(out)
-                else:
-                    await self.ports.emit(*out)
-            if isinstance(message, sdk.ResultMessage):
-                for kind, payload in translator.close_open_items():
-                    await self.ports.emit(kind, payload)
-                return message
+        as they come. A steer the CLI took before a cancel is still the run's: the CLI answers it
+        after the interrupted prompt, so it is interrupted in turn and its result awaited (at most
+        STEER_ORPHAN_S; then the turn ends anyway), never left to leak into the next run."""
+        last: Any = None  # after a cancel: the latest result, while a steer's is still awaited
+        with anyio.CancelScope() as scope:
+            async for message in client.receive_messages():
+                if isinstance(message, sdk.ResultMessage):
+                    answered = prompts_answered(message, self._pending_prompts)
+                    if not answered:
+                        continue  # a late result of an earlier, interrupted turn must not end this one
+                    self._pending_prompts = [p for p in self._pending_prompts if p not in answered]
+                    if self._pending_prompts:
+                        # One prompt's result; a steer's is still to come: the turn goes on.
+                        await self._note_session(getattr(message, "session_id", None))
+                        if self._cancelling:
+                            last = message
+                            scope.deadline = min(scope.deadline, anyio.current_time() + STEER_ORPHAN_S)
+                            with anyio.move_on_after(INTERRUPT_TIMEOUT_S), contextlib.suppress(Exception):
+                                await client.interrupt()
+                        continue
+                    self._turn_over = True
+                await self._note_session(getattr(message, "session_id", None) or init_session(message))
+                translator.cancelling = self._cancelling
+                for out in translator.translate(message):
+                    if isinstance(out, FileTouched):
+                        await self._file_touched(out)
+                    else:
+                        await self.ports.emit(*out)
+                if isinstance(message, sdk.ResultMessage):
+                    for kind, payload in translator.close_open_items():
+                        await self.ports.emit(kind, payload)
+                    return message
+        if last is not None:
+            # Cancelled, and the CLI did not answer a steer it had taken within the bound.
+            self._turn_over = True
+            for kind, payload in translator.close_open_items():
+                await self.ports.emit(kind, payload)
+            return last
         raise ProviderError(
             "provider.crashed",
             "Claude Code ended its output before the turn finished",

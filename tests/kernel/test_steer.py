@@ -111,6 +111,14 @@ async def test_real_runtime_steer_racing_a_cancel_gives_one_terminal(
         if MODE[runtime] == "follow_up":
             # Held until the prompt ends, which the cancel ends: the cancel always wins.
             assert status["status"] == "cancelled"
+        # Whatever the provider kept of a steer it took, nothing of it leaks into the next run.
+        nxt, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-next", input={"text": "[[say:next ok]]"})
+        assert (await cp.wait_for_command_status(nxt, timeout=60))["status"] == "completed"
+        [after] = terminals(cp, "run-next")
+        assert after["payload"]["final_message_text"] == "next ok"
+        texts = [e["payload"]["text"] for e in cp.events(INSTANCE, "message.completed", run_id="run-next")]
+        assert texts == ["next ok"], texts
+        assert [e for e in cp.events(INSTANCE) if e["run_id"] is None and e["kind"].startswith("message.")] == []
 
 
 def stubborn(tmp: Path, url: str, drivers: list[Driver]) -> Driver:
