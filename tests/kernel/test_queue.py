@@ -178,3 +178,14 @@ async def test_session_reset_cancels_every_queued_run_first(tmp_path: Path, driv
         reset, _ = await cp.send_command(INSTANCE, "session.reset", reason="now")
         assert (await cp.wait_for_command_status(reset, timeout=30))["status"] == "completed"
         assert not started(cp, "run-2")
+
+
+async def test_queue_true_with_nothing_active_starts_at_once(tmp_path: Path, drivers: list[Driver]) -> None:
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        cid, _ = await cp.send_command(
+            INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:now]]"}, queue=True
+        )
+        assert (await cp.wait_for_command_status(cid, timeout=20))["status"] == "completed"
+        assert terminals(cp, "run-1")[0]["payload"]["final_message_text"] == "now"
+        assert all(not b.get("queued") for b in [cp.last_heartbeat(INSTANCE) or {}])

@@ -242,3 +242,23 @@ async def test_steered_text_joins_the_transcript_a_fresh_session_is_given(
         await cp.wait_for_command_status(done, timeout=60)
         replayed = (await wait_terminal(cp, "run-2"))["payload"]["final_message_text"]
         assert "user: also remember PELICAN" in replayed, replayed
+
+
+async def test_a_steer_waits_for_a_provider_still_starting_and_a_cancel_ends_it(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    async with control_plane(tmp_path) as cp:
+        env = {"AGENT_DRIVER_PROVIDER_START_TIMEOUT_MS": "30000"}
+        d = Driver(tmp_path, boot_payload(tmp_path, cp.url, mode="no-init"), env=env)  # never answers initialize
+        drivers.append(d)
+        await cp.send_command(INSTANCE, "input.start", run_id="run-w", input={"text": "hi"})
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "run.started" and e["run_id"] == "run-w")
+        steer_cid = await steer(cp, "run-w", "while it starts")
+        await cp.wait_for_command_status(steer_cid, "accepted")
+        # Held for the turn: not refused, not delivered (there is no provider to take it yet).
+        assert cp.command(steer_cid)["status"] == "accepted"
+        await cp.send_command(INSTANCE, "turn.cancel", run_id="run-w", reason="give up")
+        status = await cp.wait_for_command_status(steer_cid, timeout=20)
+        assert status["status"] == "cancelled", status
+        assert (await wait_terminal(cp, "run-w"))["kind"] == "run.cancelled"
+        assert steered_events(cp, "run-w") == []
