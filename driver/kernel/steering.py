@@ -64,8 +64,11 @@ class Steering:
         if run is None or run.run_id != command.run_id:
             queued = k.runs.queue.find(command.run_id) is not None
             return _not_active(command.run_id, "it is queued" if queued else "no such run is running")
-        if run.terminal is not None or run.cancel_requested_by is not None:
+        if run.terminal is not None:
             return _not_active(command.run_id, "it is ending")
+        if run.cancel_requested_by is not None:
+            # Still active, but a cancel was asked first: it wins over a steer not yet delivered.
+            return "cancelled", {"run_id": run.run_id, "reason": "the run was cancelled first"}, None
         mode = k.capability_mode("steer")
         if mode is None:
             return "failed", None, CommandError("steer.unsupported", f"{k.boot.execution.runtime} cannot be steered")

@@ -262,3 +262,20 @@ async def test_a_steer_waits_for_a_provider_still_starting_and_a_cancel_ends_it(
         assert status["status"] == "cancelled", status
         assert (await wait_terminal(cp, "run-w"))["kind"] == "run.cancelled"
         assert steered_events(cp, "run-w") == []
+
+
+async def test_a_steer_after_the_cancel_was_asked_ends_cancelled(tmp_path: Path, drivers: list[Driver]) -> None:
+    async with control_plane(tmp_path) as cp:
+        # The stubborn agent ignoring the cancel keeps the run active (cancel asked) for the grace.
+        payload = boot_payload(tmp_path, cp.url, mode="ignore-cancel")
+        d = Driver(tmp_path, payload, env={"AGENT_DRIVER_CANCEL_GRACE_MS": "3000"})
+        drivers.append(d)
+        await cp.send_command(INSTANCE, "input.start", run_id="run-x", input={"text": "[[slow]]"})
+        await first_delta(cp, "run-x", timeout=20)
+        cancel, _ = await cp.send_command(INSTANCE, "turn.cancel", run_id="run-x", reason="stop")
+        await cp.wait_for_command_status(cancel, "accepted")
+        steer_cid = await steer(cp, "run-x", "[[say:after the cancel]]")
+        status = await cp.wait_for_command_status(steer_cid, timeout=20)
+        assert status["status"] == "cancelled", status
+        assert (await wait_terminal(cp, "run-x"))["kind"] == "run.cancelled"
+        assert steered_events(cp, "run-x") == []
