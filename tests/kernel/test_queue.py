@@ -12,7 +12,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.harness import INSTANCE, boot_payload, control_plane
+from tests.kernel import runtimes
+from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import TERMINALS, Driver, terminals, wait_terminal
 
 SLOW = "[[slow]]"
@@ -189,3 +193,37 @@ async def test_queue_true_with_nothing_active_starts_at_once(tmp_path: Path, dri
         assert (await cp.wait_for_command_status(cid, timeout=20))["status"] == "completed"
         assert terminals(cp, "run-1")[0]["payload"]["final_message_text"] == "now"
         assert all(not b.get("queued") for b in [cp.last_heartbeat(INSTANCE) or {}])
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_real_runtime_queue_cancel_and_a_driver_sigkill(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes, runtime: str
+) -> None:
+    """The queue with each real runtime: held behind a streaming run, one cancelled while queued, the
+    driver SIGKILLed, and the next process starts the one still held (after ending the active run)."""
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes))
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+        await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "message.delta" and e["run_id"] == "run-1", timeout=60)
+        q2 = await queue(cp, "run-2", f"[[say:queued on {runtime}]]")
+        q3 = await queue(cp, "run-3", "[[say:never]]")
+        await queued_in_heartbeat(cp, ["run-2", "run-3"])
+        cancel, _ = await cp.send_command(INSTANCE, "turn.cancel", run_id="run-3", reason="not this one")
+        assert (await cp.wait_for_command_status(cancel, timeout=20))["result"]["phase"] == "queued"
+        await queued_in_heartbeat(cp, ["run-2"])
+        d.signal(signal.SIGKILL)
+        await d.wait(10)
+        await cp.wait_disconnected(INSTANCE)
+        drivers.append(Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), name="driver-2"))
+        failed = await wait_terminal(cp, "run-1", timeout=60)
+        assert failed["payload"]["error"]["code"] == "driver.restarted"
+        assert (await cp.wait_for_command_status(q2, timeout=90))["status"] == "completed"
+        assert terminals(cp, "run-2")[0]["payload"]["final_message_text"] == f"queued on {runtime}"
+        assert failed["seq"] < started(cp, "run-2")[0]["seq"]
+        assert (await cp.wait_for_command_status(q3, timeout=10))["status"] == "cancelled"
+        assert not started(cp, "run-3")
+        for run_id in ("run-1", "run-2", "run-3"):
+            assert len(terminals(cp, run_id)) == 1
