@@ -133,6 +133,13 @@ class RunQueue:
 
     async def _start(self, q: Queued) -> None:
         k = self.k
+        if k.stopping or k.provider.resetting:
+            # A stop or a reset came between the pop and this task: it cancels the queue, this too.
+            self.items.insert(0, q)
+            self._starting = False
+            why = "the driver is stopping" if k.stopping else "a session.reset came first"
+            await self.cancel(q.run_id, requested_by="driver", reason=why)
+            return
         try:
             # The run is journaled as started (inside input_start) before its queue row goes.
             await k.runs.input_start(q.command, q.fingerprint, from_queue=True, on_registered=self._registered(q))
