@@ -42,6 +42,12 @@ class Run:
     # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
     # so a control plane that sees the cancel completed also has the terminal stored.
     receipted: anyio.Event = field(default_factory=anyio.Event)
+    # PROTOCOL §3.1 steering: set when the adapter's turn runs (a steer has somewhere to go); set when
+    # a cancel is asked (steers not yet delivered end `cancelled`); steers now on their way.
+    turn_running: anyio.Event = field(default_factory=anyio.Event)
+    cancel_asked: anyio.Event = field(default_factory=anyio.Event)
+    steers_in_flight: int = 0
+    steers_settled: anyio.Event = field(default_factory=anyio.Event)
 
 
 def declined_tool_events(run: Run, rejected: set[str]) -> list[tuple[str, dict[str, Any]]]:

@@ -324,3 +324,58 @@ async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
     resolved = [e["payload"] for e in events if e["kind"] == "permission.resolved"]
     assert [(p["outcome"], p["decided_by"]) for p in resolved] == [("allowed", "control_plane")]
     assert not leftover_boot_files(workdir)
+
+
+@pytest.mark.provider
+@pytest.mark.timeout(400)
+async def test_a_line_typed_during_a_reply_steers_and_queue_waits_its_turn(tmp_path: Path) -> None:
+    """PROTOCOL §3.1 in the terminal chat: a line typed while the agent answers steers the run;
+    `/queue TEXT` queues a run in the driver that the chat follows after the current one."""
+    workdir = tmp_path / "dev"
+    proc = await asyncio.create_subprocess_exec(
+        *DEV,
+        "--workdir",
+        str(workdir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=dev_env(),
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    screen = Screen(proc.stdout)
+
+    async def type_line(text: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(text.encode() + b"\n")
+        await proc.stdin.drain()
+
+    try:
+        await screen.wait_for("[driver] ready", 120)
+        await type_line("[[slow:60]]")
+        await screen.wait_for("word3")
+        await type_line("[[say:steered in dev]]")
+        assert "[[say:steered in dev]]" in await screen.line_with("[steered]")
+        await screen.wait_for("steered in dev")
+        assert (await screen.line_with("[status]")).endswith("completed")
+
+        await type_line("[[slow:60]]")
+        await screen.wait_for("word3")
+        await type_line("/queue [[say:queued in dev]]")
+        assert "it starts when the run before it ends" in await screen.line_with("[dev] queued")
+        assert (await screen.line_with("[status]")).endswith("completed")  # the slow one
+        await screen.wait_for("queued in dev")
+        assert (await screen.line_with("[status]")).endswith("completed")  # the queued one
+        await type_line("/quit")
+        await screen.wait_for("[dev] the driver stopped cleanly")
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    events = stored_events(workdir)
+    finals = [e["payload"].get("final_message_text") for e in events if e["kind"] == "run.completed"]
+    assert finals[0] == "steered in dev" and finals[-1] == "queued in dev" and len(finals) == 3
+    assert [e["payload"]["text"] for e in events if e["kind"] == "input.steered"] == ["[[say:steered in dev]]"]

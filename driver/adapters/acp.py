@@ -20,6 +20,8 @@ Layers: `acp_client.AcpClient` (the agent process, its peer, calls and file repo
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import anyio
@@ -28,10 +30,12 @@ import msgspec
 from driver import logs
 from driver.adapters import acp_fs, acp_permissions, acp_prompt, acp_state
 from driver.adapters import acp_models as m
+from driver.adapters.acp_followup import FollowUp, FollowUps, deliver_all
+from driver.adapters.acp_followup import blocks_of as follow_up_blocks
 from driver.adapters.acp_opening import AcpSessionOpener
 from driver.adapters.acp_terminal import TerminalError
 from driver.adapters.acp_turn import AcpTurn
-from driver.adapters.base import PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.base import PermissionDecision, ProviderError, SteerRefused, TurnOutcome
 from driver.adapters.jsonrpc import JsonRpcError, PeerClosed
 from driver.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
@@ -47,6 +51,7 @@ class AcpAdapter(AcpSessionOpener):
     runtime: ClassVar[str] = "acp"
     # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["acp"]
+    _follow_ups: FollowUps | None = None  # the steers held for the running run (PROTOCOL §3.1)
 
     # ---- one turn ---------------------------------------------------------------------------
 
@@ -62,38 +67,50 @@ class AcpAdapter(AcpSessionOpener):
         self._cancel_event = anyio.Event()
         self._reported_files = set()
         self._terminal_streams.reset()
+        follow_ups = FollowUps()
+        self._follow_ups = follow_ups
+        batch: list[FollowUp] = []  # the steers the prompt now sent carries
         try:
-            try:
-                raw = await self._prompt(prompt)
-            except JsonRpcError as exc:
-                await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
-                if self._cancel_requested:
-                    return acp_prompt.outcome(turn, "cancelled")
-                return TurnOutcome(
-                    status="failed",
-                    stop_reason="error",
-                    final_message_id=turn.final_message_id,
-                    final_message_text=turn.final_message_text,
-                    error_code="provider.error",
-                    error_message=f"session/prompt failed: {exc.message}",
-                    error_details={"code": exc.code},
-                )
-            except ProviderError:
-                await self._emit_all(turn.finish("failed"))
-                raise
-            self._recovery_pending = []
-            self._instructions_pending = ""
-            result = self._decode(raw, m.PromptResult, "session/prompt")
-            if result.usage is not None:
-                await self._emit_all(turn.prompt_usage(result.usage))
-            stop = "cancelled" if self._cancel_requested else result.stop_reason
-            if stop == "cancelled" and not self._cancel_requested and turn.declined:
-                # codex-acp's only reject option ("abort") ends the whole turn as cancelled. Nobody
-                # cancelled the run: it ended because the user said no, which is a normal end.
-                stop = "permission_rejected"
-            await self._emit_all(turn.finish(stop))
-            return acp_prompt.outcome(turn, stop)
+            while True:
+                try:
+                    sent = functools.partial(deliver_all, batch) if batch else None
+                    raw = await self._prompt(prompt, sent)
+                except JsonRpcError as exc:
+                    await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
+                    if self._cancel_requested:
+                        return acp_prompt.outcome(turn, "cancelled")
+                    return TurnOutcome(
+                        status="failed",
+                        stop_reason="error",
+                        final_message_id=turn.final_message_id,
+                        final_message_text=turn.final_message_text,
+                        error_code="provider.error",
+                        error_message=f"session/prompt failed: {exc.message}",
+                        error_details={"code": exc.code},
+                    )
+                except ProviderError:
+                    await self._emit_all(turn.finish("failed"))
+                    raise
+                self._recovery_pending = []
+                self._instructions_pending = ""
+                result = self._decode(raw, m.PromptResult, "session/prompt")
+                if result.usage is not None:
+                    await self._emit_all(turn.prompt_usage(result.usage))
+                stop = "cancelled" if self._cancel_requested else result.stop_reason
+                if stop == "cancelled" and not self._cancel_requested and turn.declined:
+                    # codex-acp's only reject option ("abort") ends the whole turn as cancelled. Nobody
+                    # cancelled the run: it ended because the user said no, which is a normal end.
+                    stop = "permission_rejected"
+                await self._emit_all(turn.finish(stop))
+                # PROTOCOL §3.1 follow_up: steers held while this prompt ran make one more turn of
+                # the same run (none after a cancel: the cancel wins).
+                batch = follow_ups.take() if stop != "cancelled" else []
+                if not batch:
+                    return acp_prompt.outcome(turn, stop)
+                prompt = follow_up_blocks(batch)
         finally:
+            ended = "cancelled" if self._cancel_requested else "run.not_active"
+            follow_ups.close(SteerRefused(ended, "the run ended before the input reached the agent"))
             self._turn = None
             self._cost_total = turn.cost_total
             if turn.unknown_updates:
@@ -101,7 +118,18 @@ class AcpAdapter(AcpSessionOpener):
                     self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
                 log.info("acp.unknown_updates", counts=dict(turn.unknown_updates))
 
-    async def _prompt(self, prompt: list[dict[str, Any]]) -> Any:
+    async def steer(self, run_id: str, run_input: RunInput) -> None:
+        """Mode `follow_up` (see driver/adapters/acp_followup.py): held until the current prompt ends."""
+        turn, follow_ups = self._turn, self._follow_ups
+        if turn is None or follow_ups is None or turn.run_id != run_id:
+            raise SteerRefused("run.not_active", "no acp turn is running for this run")
+        if self._cancel_requested:
+            raise SteerRefused("cancelled", "the run was cancelled before the input reached the agent")
+        assert self.agent is not None
+        blocks = acp_prompt.prompt_blocks(run_input, cwd=self._cwd, agent=self.agent, instructions="", recovery=[])
+        await follow_ups.add(blocks).wait()
+
+    async def _prompt(self, prompt: list[dict[str, Any]], on_sent: Callable[[], None] | None = None) -> Any:
         """session/prompt, re-sending session/cancel while a requested cancel has not ended it.
 
         A cancel can be written before the prompt itself (both are queued on the same pipe, and the
@@ -122,7 +150,7 @@ class AcpAdapter(AcpSessionOpener):
                 params: dict[str, Any] = {"sessionId": self._session_id, "prompt": prompt}
                 if traceparent := tracing.run_traceparent():
                     params["_meta"] = {"traceparent": traceparent}  # ACP's reserved trace context key
-                answer["result"] = await self._call("session/prompt", params)
+                answer["result"] = await self._call("session/prompt", params, on_sent)
             except (JsonRpcError, ProviderError) as exc:
                 answer["error"] = exc
             tg.cancel_scope.cancel()
@@ -146,6 +174,10 @@ class AcpAdapter(AcpSessionOpener):
         self._cancel_requested = True
         self._turn.cancelling = True
         self._cancel_event.set()
+        if self._follow_ups is not None:  # a cancel wins over steers not yet delivered
+            self._follow_ups.close(
+                SteerRefused("cancelled", "the run was cancelled before the input reached the agent")
+            )
         for scope in list(self._permission_scopes):
             scope.cancel()
         await self._send_cancel()

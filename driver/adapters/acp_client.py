@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -244,7 +245,7 @@ class AcpClient(Adapter):
             log.warning("acp.call_refused", method=method, code=exc.code, error=exc.message)
             return REFUSED
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+    async def _call(self, method: str, params: dict[str, Any], on_sent: Callable[[], None] | None = None) -> Any:
         """A request to the agent that fails with `provider.crashed` if the agent dies first.
 
         Races the answer against the process exit: an agent whose stdout stays open (held by a
@@ -258,7 +259,7 @@ class AcpClient(Adapter):
 
             async def ask() -> None:
                 try:
-                    answer["result"] = await peer.request(method, params)
+                    answer["result"] = await peer.request(method, params, on_sent=on_sent)
                 except (JsonRpcError, PeerClosed) as exc:
                     answer["error"] = exc
                 tg.cancel_scope.cancel()

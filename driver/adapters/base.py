@@ -48,6 +48,7 @@ __all__ = [
     "PermissionRequest",
     "Ports",
     "ProviderError",
+    "SteerRefused",
     "TurnOutcome",
 ]
 
@@ -92,6 +93,17 @@ class ProviderError(Exception):
         self.details = details or {}
 
 
+class SteerRefused(Exception):
+    """A steer the provider did not take (PROTOCOL §3.1): `run.not_active` (its turn is over), or
+    `cancelled` (a cancel came first)."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
 class Adapter(abc.ABC):
     runtime: ClassVar[str]
     capabilities: ClassVar[frozenset[str]]
@@ -113,6 +125,12 @@ class Adapter(abc.ABC):
     async def cancel(self) -> None:
         """Ask the provider to interrupt the active turn (Codex turn/interrupt, Claude interrupt(),
         ACP session/cancel). Returns once asked; `run()` then returns a cancelled outcome."""
+
+    async def steer(self, run_id: str, run_input: RunInput) -> None:
+        """Add user input to the turn `run()` is running for `run_id` (PROTOCOL §3.1) and return once
+        the provider has it: into the running turn, or (follow-up mode) as one more turn that `run()`
+        runs before it returns. Raise SteerRefused when the turn is over or a cancel came first."""
+        raise SteerRefused("steer.unsupported", f"the {self.runtime} runtime cannot be steered")
 
     @abc.abstractmethod
     async def reset(self) -> tuple[str | None, str | None]:

@@ -33,6 +33,7 @@ from driver.adapters.base import (
     PermissionRequest,
     Ports,
     ProviderError,
+    SteerRefused,
     TurnOutcome,
 )
 from driver.adapters.claude_options import (
@@ -42,10 +43,10 @@ from driver.adapters.claude_options import (
 from driver.adapters.claude_turn import (
     FileTouched,
     TurnTranslator,
-    answers_other_prompt,
     cli_pid,
     init_session,
     one_message,
+    prompts_answered,
     tool_title,
     usage_payload,
     user_message,
@@ -56,6 +57,9 @@ from driver.protocol.commands import RunInput
 STDERR_LINES = 200
 STDERR_LINE_CHARS = 2000
 INTERRUPT_TIMEOUT_S = 5.0
+# After a cancel: how long the turn waits for the CLI's answer to a steer it had taken (interrupted
+# too), within the kernel's 5 s interrupt grace.
+STEER_ORPHAN_S = 3.0
 DISCONNECT_TIMEOUT_S = 10.0
 HOST_TOOL_PREFIX = "mcp__host__"  # how the CLI names the tools of the in-process `host` MCP server
 
@@ -98,6 +102,10 @@ class ClaudeAdapter(Adapter):
         self.connect_seconds: float | None = None  # measured, for driver.started timings
         self._cwd = Path(config.session.cwd).resolve()
         self._cost_total = 0.0  # the CLI's running cost total at the last result
+        # The prompts of the running turn still waiting for their result: the run's own and each
+        # steer's (PROTOCOL §3.1). The turn is over when none is left (`_turn_over`).
+        self._pending_prompts: list[str] = []
+        self._turn_over = True
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -254,10 +262,12 @@ class ClaudeAdapter(Adapter):
         translator = TurnTranslator(run_id, self._tools_started, self._refused, self.config.session.cwd)
         self._translator = translator
         prompt_uuid = str(uuid.uuid4())
+        self._pending_prompts = [prompt_uuid]
+        self._turn_over = False
         try:
             await client.query(one_message(user_message(content, prompt_uuid)))
             self._recovery_pending = ""
-            result = await self._drain(client, translator, prompt_uuid)
+            result = await self._drain(client, translator)
         except ProviderError:
             raise
         except Exception as exc:
@@ -269,7 +279,33 @@ class ClaudeAdapter(Adapter):
             ) from None
         finally:
             self._translator = None
+            self._turn_over = True
+            self._pending_prompts = []
         return await self._outcome(result, translator)
+
+    async def steer(self, run_id: str, run_input: RunInput) -> None:
+        """Streaming input (mode `native`): the steer is written to the live CLI as one more user
+        message while the turn runs. Claude Code takes it into the running turn: the model gets it in
+        the turn's next request (after the response or tool call under way), and the turn's result
+        names it among the prompts it answered; `_drain` waits for every prompt of the turn."""
+        client, translator = self._client, self._translator
+        if client is None or translator is None or translator.run_id != run_id or self._turn_over:
+            raise SteerRefused("run.not_active", "no Claude turn is running for this run")
+        if self._cancelling:
+            raise SteerRefused("cancelled", "the run was cancelled before the input reached Claude Code")
+        content = self._content(run_input.text, run_input)
+        steer_uuid = str(uuid.uuid4())
+        # Registered before the write (no await in between with the check above): the turn cannot be
+        # declared over while this prompt is on its way.
+        self._pending_prompts.append(steer_uuid)
+        try:
+            await client.query(one_message(user_message(content, steer_uuid)))
+        except Exception as exc:
+            with contextlib.suppress(ValueError):
+                self._pending_prompts.remove(steer_uuid)
+            raise ProviderError(
+                "provider.crashed", f"Claude Code did not take the input: {self._redact(str(exc))}", retryable=True
+            ) from None
 
     def _content(self, text: str, run_input: RunInput) -> str | list[dict[str, Any]]:
         """The prompt, with image attachments as image blocks (other files are named in the text by
@@ -285,22 +321,46 @@ class ClaudeAdapter(Adapter):
             raise ProviderError("command.invalid", str(exc)) from None
         return [{"type": "text", "text": text}, *images] if images else text
 
-    async def _drain(self, client: Any, translator: TurnTranslator, prompt_uuid: str) -> Any:
-        """Read messages until this turn's result; emit as they come."""
-        async for message in client.receive_messages():
-            if isinstance(message, sdk.ResultMessage) and answers_other_prompt(message, prompt_uuid):
-                continue  # a late result of an earlier, interrupted turn must not end this one
-            await self._note_session(getattr(message, "session_id", None) or init_session(message))
-            translator.cancelling = self._cancelling
-            for out in translator.translate(message):
-                if isinstance(out, FileTouched):
-                    await self._file_touched(out)
-                else:
-                    await self.ports.emit(*out)
-            if isinstance(message, sdk.ResultMessage):
-                for kind, payload in translator.close_open_items():
-                    await self.ports.emit(kind, payload)
-                return message
+    async def _drain(self, client: Any, translator: TurnTranslator) -> Any:
+        """Read messages until the results of every prompt of this turn (its own, and steers'); emit
+        as they come. A steer the CLI took before a cancel is still the run's: the CLI answers it
+        after the interrupted prompt, so it is interrupted in turn and its result awaited (at most
+        STEER_ORPHAN_S; then the turn ends anyway), never left to leak into the next run."""
+        last: Any = None  # after a cancel: the latest result, while a steer's is still awaited
+        with anyio.CancelScope() as scope:
+            async for message in client.receive_messages():
+                if isinstance(message, sdk.ResultMessage):
+                    answered = prompts_answered(message, self._pending_prompts)
+                    if not answered:
+                        continue  # a late result of an earlier, interrupted turn must not end this one
+                    self._pending_prompts = [p for p in self._pending_prompts if p not in answered]
+                    if self._pending_prompts:
+                        # One prompt's result; a steer's is still to come: the turn goes on.
+                        await self._note_session(getattr(message, "session_id", None))
+                        if self._cancelling:
+                            last = message
+                            scope.deadline = min(scope.deadline, anyio.current_time() + STEER_ORPHAN_S)
+                            with anyio.move_on_after(INTERRUPT_TIMEOUT_S), contextlib.suppress(Exception):
+                                await client.interrupt()
+                        continue
+                    self._turn_over = True
+                await self._note_session(getattr(message, "session_id", None) or init_session(message))
+                translator.cancelling = self._cancelling
+                for out in translator.translate(message):
+                    if isinstance(out, FileTouched):
+                        await self._file_touched(out)
+                    else:
+                        await self.ports.emit(*out)
+                if isinstance(message, sdk.ResultMessage):
+                    for kind, payload in translator.close_open_items():
+                        await self.ports.emit(kind, payload)
+                    return message
+        if last is not None:
+            # Cancelled, and the CLI did not answer a steer it had taken within the bound.
+            self._turn_over = True
+            for kind, payload in translator.close_open_items():
+                await self.ports.emit(kind, payload)
+            return last
         raise ProviderError(
             "provider.crashed",
             "Claude Code ended its output before the turn finished",

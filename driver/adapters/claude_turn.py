@@ -287,10 +287,14 @@ async def one_message(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     yield message
 
 
-def answers_other_prompt(result: Any, prompt_uuid: str) -> bool:
+def prompts_answered(result: Any, pending: list[str]) -> list[str]:
+    """Which of the turn's `pending` prompts a result answers. A result naming no prompt (a CLI that
+    does not say) answers the oldest one; one naming only others answers none (a late result)."""
     taken = [result.user_message_uuid, *(result.user_message_uuids or [])]
-    known = [u for u in taken if u]
-    return bool(known) and prompt_uuid not in known
+    known = {u for u in taken if u}
+    if not known:
+        return pending[:1]
+    return [p for p in pending if p in known]
 
 
 def init_session(message: Any) -> str | None:

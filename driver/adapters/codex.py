@@ -22,12 +22,13 @@ from typing import Any, ClassVar
 import anyio
 
 from driver import logs
-from driver.adapters import attachments, codex_files, codex_notices, codex_requests, instructions
+from driver.adapters import attachments, codex_files, codex_notices, codex_requests, codex_steer, instructions
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
     Ports,
     ProviderError,
+    SteerRefused,
     TurnOutcome,
 )
 from driver.adapters.codex_config import (
@@ -261,9 +262,9 @@ class CodexAdapter(Adapter):
 
     # -- one turn ------------------------------------------------------------------------------
 
-    def _input_items(self, run_input: RunInput) -> list[dict[str, Any]]:
+    def _input_items(self, run_input: RunInput, *, recovery: bool = True) -> list[dict[str, Any]]:
         text = run_input.text
-        if self._recovery_pending:
+        if recovery and self._recovery_pending:
             lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
             lines += [f"{role}: {said}" for role, said in self._recovery_pending]
             text = "\n".join(lines) + "\n\n" + text
@@ -392,6 +393,14 @@ class CodexAdapter(Adapter):
                 **common,
             )
         return TurnOutcome(status="completed", stop_reason="end_turn", **common)
+
+    async def steer(self, run_id: str, run_input: RunInput) -> None:
+        turn = self._turn
+        if turn is None or turn.run_id != run_id or turn.end is not None:
+            raise SteerRefused("run.not_active", "no codex turn is running for this run")
+        items = self._input_items(run_input, recovery=False)
+        taken = await codex_steer.steer(self._call, turn, items, lambda: self._turn_changed, self._cancel_requested)
+        log.info("codex.steered", run_id=run_id, turn_id=taken)
 
     async def cancel(self) -> None:
         if self._turn is None:

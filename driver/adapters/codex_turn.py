@@ -72,6 +72,9 @@ class CodexTurn:
     _started: set[str] = field(default_factory=set)
     _completed: set[str] = field(default_factory=set)
     _thought_text: dict[str, str] = field(default_factory=dict)
+    # Streamed text of messages not yet completed: a steer makes Codex drop the response under way
+    # (no item/completed for it), and the turn's end closes it with what was streamed.
+    _message_text: dict[str, str] = field(default_factory=dict)
     _tool_output: dict[str, str] = field(default_factory=dict)
     _tool_names: dict[str, str] = field(default_factory=dict)
 
@@ -127,7 +130,7 @@ class CodexTurn:
                 error = turn.get("error")
                 message = _describe_error(error) if isinstance(error, dict) else self.last_error
                 self.end = TurnEnd(_str(turn.get("status")) or "completed", message, error)
-                return self._close_open_tools()
+                return [*self._close_open_messages(), *self._close_open_tools()]
             case _:
                 return []
 
@@ -150,7 +153,9 @@ class CodexTurn:
             return []
         self._started.add(item_id)
         if what == "message":
-            return [("message.started", {"message_id": item_id, "role": "assistant"})]
+            # Codex streams one message at a time: one still open was dropped (a steer restarts the
+            # response): close it first, so the timeline keeps its order.
+            return [*self._close_open_messages(), ("message.started", {"message_id": item_id, "role": "assistant"})]
         return [("thought.started", {"thought_id": item_id, "text": ""})]
 
     def _delta(self, what: str, item_id: str, text: str) -> list[Emit | FileTouched]:
@@ -158,6 +163,7 @@ class CodexTurn:
             return []
         out = self._start(what, item_id)
         if what == "message":
+            self._message_text[item_id] = self._message_text.get(item_id, "") + text
             out.append(("message.delta", {"message_id": item_id, "text": text}))
         else:
             self._thought_text[item_id] = self._thought_text.get(item_id, "") + text
@@ -196,6 +202,7 @@ class CodexTurn:
             return []
         if kind == "agentMessage":
             self._completed.add(item_id)
+            self._message_text.pop(item_id, None)
             text = _str(item.get("text"))
             self.final_message_id, self.final_message_text = item_id, text
             return [
@@ -272,6 +279,17 @@ class CodexTurn:
 
     def _rel(self, path: str) -> str:
         return os.path.relpath(path, self.cwd)
+
+    def _close_open_messages(self) -> list[Emit | FileTouched]:
+        """Messages Codex started and never completed (dropped for a steer, or cut by an interrupt):
+        completed with the text streamed, so every message.started has its message.completed."""
+        out: list[Emit | FileTouched] = []
+        for item_id, text in self._message_text.items():
+            if item_id not in self._completed:
+                self._completed.add(item_id)
+                out.append(("message.completed", {"message_id": item_id, "role": "assistant", "text": text}))
+        self._message_text = {}
+        return out
 
     def _close_open_tools(self) -> list[Emit | FileTouched]:
         """A turn that ends (interrupted, failed) with tools still running: end them as cancelled, so

@@ -40,6 +40,9 @@ class DeferredAdapter(Adapter):
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         return await (await self._load()).run(run_id, run_input)
 
+    async def steer(self, run_id: str, run_input: RunInput) -> None:
+        await (await self._load()).steer(run_id, run_input)
+
     async def cancel(self) -> None:
         if self.inner is not None:
             await self.inner.cancel()

@@ -112,9 +112,17 @@ class JsonRpcPeer:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                 raise PeerClosed(f"{self.name}: cannot write: {type(exc).__name__}") from exc
 
-    async def request(self, method: str, params: Any = None, *, extra: dict[str, Any] | None = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        extra: dict[str, Any] | None = None,
+        on_sent: Callable[[], None] | None = None,
+    ) -> Any:
         """Send a request and wait for its answer. Raises JsonRpcError for an error answer and
-        PeerClosed if the peer goes away first. `extra`: more top-level fields (Codex's `trace`)."""
+        PeerClosed if the peer goes away first. `extra`: more top-level fields (Codex's `trace`);
+        `on_sent`: called once the request is written (the peer has it), before the answer."""
         if self.closed.is_set():
             raise PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
         request_id = self._next_id
@@ -126,6 +134,8 @@ class JsonRpcPeer:
             message["params"] = params
         try:
             await self._send(message)
+            if on_sent is not None:
+                on_sent()
             await pending.done.wait()
         finally:
             self._pending.pop(request_id, None)

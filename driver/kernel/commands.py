@@ -157,8 +157,20 @@ class CommandDesk:
         match command:
             case cmds.InputStart():
                 await k.runs.input_start(command, fp)
+            case cmds.InputSteer():
+                await k.runs.steering.steer(command, fp)
             case cmds.TurnCancel():
                 run = k.run
+                if k.runs.queue.find(command.run_id) is not None:
+                    # PROTOCOL §3.1: a queued run ends run.cancelled{phase: queued}, never started.
+                    event_id = await k.runs.queue.cancel(
+                        command.run_id, requested_by="control_plane", reason=command.reason
+                    )
+                    if event_id is not None:
+                        await k.outbox.receipted(event_id)
+                    result = {"run_id": command.run_id, "terminal": "run.cancelled", "phase": "queued"}
+                    await self.finish(cid, seq, fp, "completed", result=result)
+                    return
                 if run is None or run.run_id != command.run_id or run.terminal is not None:
                     await self.finish(cid, seq, fp, "completed", result={"already_terminal": True})
                     return
@@ -186,6 +198,7 @@ class CommandDesk:
                     return
                 await self.finish(cid, seq, fp, "completed")
             case cmds.SessionReset():
+                await k.runs.queue.cancel_all(requested_by="control_plane", reason=command.reason or "session.reset")
                 try:
                     previous, current = await k.provider.reset_session()
                 except ProviderError as exc:

@@ -21,7 +21,7 @@ import anyio.abc
 
 from driver import __version__, logs
 from driver.capabilities import ALL as CAPABILITIES
-from driver.capabilities import capabilities_of
+from driver.capabilities import capabilities_of, capability_mode
 from driver.kernel.options import KernelOptions, project_root
 from driver.protocol.boot import BootPayload
 from driver.protocol.events import (
@@ -159,7 +159,16 @@ class Kernel:
         return self.supervisor.start_ms
 
     def capability_list(self) -> list[dict[str, Any]]:
-        return [{"id": c, "supported": c in self.capabilities} for c in CAPABILITIES]
+        out: list[dict[str, Any]] = []
+        for c in CAPABILITIES:
+            entry: dict[str, Any] = {"id": c, "supported": c in self.capabilities}
+            if (mode := self.capability_mode(c)) is not None:
+                entry["mode"] = mode
+            out.append(entry)
+        return out
+
+    def capability_mode(self, capability: str) -> str | None:
+        return capability_mode(self.boot.execution.runtime, capability) if capability in self.capabilities else None
 
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start a task in the kernel's task group (alive for the process's life)."""
@@ -217,7 +226,7 @@ class Kernel:
     # -- frames ---------------------------------------------------------------------------------------
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
-        caps = [Capability(c, c in self.capabilities) for c in CAPABILITIES]
+        caps = [Capability(c, c in self.capabilities, self.capability_mode(c)) for c in CAPABILITIES]
         if self.assembled.is_set():
             self.telemetry.hello_sent()
         elif self._hello_at is None:
@@ -255,6 +264,7 @@ class Kernel:
                     retries=s.retries,
                 ),
                 activity=self.telemetry.heartbeat_activity() if self.assembled.is_set() else None,
+                queued=self.runs.queue.run_ids() if self.assembled.is_set() else [],
             )
         )
 

@@ -52,7 +52,22 @@ class Lifecycle:
                 restarted = CommandError("driver.restarted", RESTARTED, True)
                 k.spawn(self._finish_after_receipt, event_id, stored, "failed", None, restarted)
         in_active = {c for _, c in active}
-        for stored in journal.open_commands():
+        open_commands = journal.open_commands()
+        # PROTOCOL §3.1: queued runs a dead predecessor held are held again (they start after recovery).
+        restored = set(
+            k.runs.queue.restore(
+                [
+                    (c.command_id, c.kind or "")
+                    for c in open_commands
+                    if c.command_id not in in_active and journal.ended_run_of(c.command_id) is None
+                ]
+            )
+        )
+        for stored in open_commands:
+            if stored.command_id in restored:
+                continue
+            if stored.kind == "input.start":
+                k.runs.queue.forget_stale(stored.command_id)  # settled below or above: never queued again
             if stored.command_id in in_active:
                 continue
             ended = journal.ended_run_of(stored.command_id)
@@ -82,6 +97,7 @@ class Lifecycle:
                 kind=stored.kind,
             )
         await k.outbox.flush()
+        k.runs.queue.kick()
 
     async def _finish_after_receipt(
         self, event_id: str, stored: Any, status: Any, result: dict[str, Any] | None, error: CommandError | None
@@ -124,6 +140,8 @@ class Lifecycle:
         k.stopping = True
         k.fire("stop")
         log.info("driver.stopping", reason=reason, outbox=k.outbox.describe())
+        # Queued runs first, so the end of the active run starts none of them (PROTOCOL §3.1).
+        await k.runs.queue.cancel_all(requested_by=requested_by, reason=reason)
         run = k.run
         if run is not None:
             await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +18,8 @@ import anyio
 
 from driver import logs, side_effects
 from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
+from driver.kernel.queued import RunQueue
+from driver.kernel.steering import Steering
 from driver.ports import artifacts
 from driver.protocol import commands as cmds
 from driver.protocol.events import EVENT_KINDS, fit_payload, validate_payload
@@ -44,6 +47,8 @@ def summary(text: str, limit: int = 200) -> str:
 class RunPath:
     def __init__(self, kernel: Kernel) -> None:
         self.k = kernel
+        self.queue = RunQueue(kernel)  # PROTOCOL §3.1: input.start{"queue": true}
+        self.steering = Steering(kernel)  # PROTOCOL §3.1: input.steer
 
     async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
@@ -52,13 +57,29 @@ class RunPath:
         body = fit_payload(kind, validate_payload(kind, payload), self.k.max_event_bytes)  # §4.3
         return await self.k.outbox.admit(kind, body, spec.delivery, run_id)
 
-    async def input_start(self, command: cmds.InputStart, fp: str) -> None:
+    async def input_start(
+        self,
+        command: cmds.InputStart,
+        fp: str,
+        *,
+        from_queue: bool = False,
+        on_registered: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Run `command` to its terminal. `from_queue`: a held run the queue starts now (it was
+        checked when it arrived); `on_registered` is called once the run is journaled as started."""
         k = self.k
         cid, seq = command.command_id, command.seq
-        if k.run is not None:
-            await k.commands.finish(
-                cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
-            )
+        # Queued runs come first: a new input.start arriving between two runs must not overtake them.
+        if not from_queue and (k.run is not None or self.queue.busy):
+            if not command.queue:
+                await k.commands.finish(
+                    cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
+                )
+            elif self.queue.full:
+                message = "16 inputs are already queued; retry once one has started"
+                await k.commands.finish(cid, seq, fp, "failed", error=CommandError("driver.queue_full", message, True))
+            else:
+                await self.queue.hold(command, fp)
             return
         if k.provider.resetting:
             await k.commands.finish(
@@ -70,6 +91,8 @@ class RunPath:
         k.telemetry.run_starting(command)
         k.fire("run_started")
         await anyio.to_thread.run_sync(k.journal.run_started, run.run_id, cid, utc_now())
+        if on_registered is not None:
+            await on_registered()
         await k.emit(
             "run.started",
             {"run_id": run.run_id, "revision": k.boot.execution.revision, "input_summary": summary(command.input.text)},
@@ -89,6 +112,7 @@ class RunPath:
                 run.last_activity = time.monotonic()
                 silence = anyio.CancelScope()
                 k.spawn(k.telemetry.watch_silence, run, adapter, silence)
+                run.turn_running.set()  # steers may go to the adapter now
                 try:
                     outcome = await adapter.run(run.run_id, run_input)
                 finally:
@@ -125,6 +149,7 @@ class RunPath:
                 k.supervisor.lost(run.adapter, f"{error.code} in run {run.run_id}", crashed=True)
             elif attempt.adapter is run.adapter and attempt.error is None:
                 await k.telemetry.after_run(run)  # the resource guard: between runs, never during one
+        self.queue.kick()  # the next queued run starts as soon as this one is terminal (§3.1)
         await k.outbox.receipted(terminal_id)
         run.receipted.set()
         result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
@@ -144,6 +169,9 @@ class RunPath:
             await k.emit(kind, payload)
         k.permissions.rejected_tool_calls.clear()
         await k.host_tools.cancel_run(run.run_id)
+        # A steer on its way to the provider is either delivered (its input.steered comes before the
+        # terminal) or refused first; bounded, so a provider that never answers cannot hold the run.
+        await self.steering.settle(run)
         effects = await self.side_effects(run) if run.cancel_requested_by is not None else None
         kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id), effects)
         run.terminal = kind
@@ -178,6 +206,7 @@ class RunPath:
             return
         run.cancel_requested_by = requested_by
         run.cancel_reason = reason
+        run.cancel_asked.set()  # a cancel wins over steers not yet delivered (§3.1)
         self.k.permissions.cancel_all()
         self.k.spawn(self.escalate, run)
 

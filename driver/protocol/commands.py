@@ -38,6 +38,14 @@ class InputStart(_Command, tag="input.start"):
     run_id: NonEmpty
     input: RunInput
     traceparent: str | None = None  # W3C trace context: the run span's parent (PROTOCOL §3, §6.6)
+    queue: bool = False  # PROTOCOL §3.1: while a run is active, hold it and start it after
+
+
+class InputSteer(_Command, tag="input.steer"):
+    """PROTOCOL §3.1: more user input for the active run."""
+
+    run_id: NonEmpty
+    input: RunInput
 
 
 class TurnCancel(_Command, tag="turn.cancel"):
@@ -64,7 +72,7 @@ class SessionStop(_Command, tag="session.stop"):
     reason: str = ""
 
 
-Command = InputStart | TurnCancel | PermissionResolve | HostToolResult | SessionReset | SessionStop
+Command = InputStart | InputSteer | TurnCancel | PermissionResolve | HostToolResult | SessionReset | SessionStop
 COMMAND_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in Command.__args__)  # type: ignore[attr-defined]
 
 _decoder = msgspec.json.Decoder(Command)
@@ -133,6 +141,7 @@ __all__ = [
     "CommandInvalid",
     "HostToolResult",
     "InputStart",
+    "InputSteer",
     "PermissionResolve",
     "Repeat",
     "RunInput",

@@ -24,6 +24,7 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     FileTouched,
     HostToolCalled,
     HostToolResolved,
+    InputSteered,  # PROTOCOL §3.1
     LogRecord,
     LogRecords,
     MessageCompleted,
@@ -108,6 +109,8 @@ EVENT_KINDS: dict[str, EventKind] = {
     # §8.1: after a run's terminal (so not run-scoped: nothing run-scoped follows a terminal).
     "checkpoint.file": _k(CheckpointFileChunk, run_scoped=False),
     "checkpoint.recorded": _k(CheckpointRecorded, run_scoped=False),
+
+    "input.steered": _k(InputSteered),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

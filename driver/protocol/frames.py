@@ -24,9 +24,10 @@ CommandStatus = Literal["accepted", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
-class Capability(msgspec.Struct, frozen=True):
+class Capability(msgspec.Struct, frozen=True, omit_defaults=True):
     id: str
     supported: bool
+    mode: str | None = None  # `steer` only: "native" or "follow_up" (PROTOCOL §3.1)
 
 
 class OutboxSummary(msgspec.Struct):
@@ -84,6 +85,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", tag_field="type", kw_only=True)
     run_id: str | None
     outbox: HeartbeatOutbox
     activity: HeartbeatActivity | None = None
+    queued: list[str] = msgspec.field(default_factory=list)  # queued run ids, in start order (§3.1)
 
 
 class CommandError(msgspec.Struct, frozen=True):

@@ -305,3 +305,12 @@ class CheckpointRecorded(_P):
     native_ref: str
     format: Literal[1]
     files: list[CheckpointManifestEntry]
+
+class InputSteered(_P):
+    """PROTOCOL §3.1: a steer reached the provider (`native`: into the running turn; `follow_up`: as
+    one more turn of the same run)."""
+
+    run_id: str
+    command_id: str
+    text: str
+    mode: Literal["native", "follow_up"]

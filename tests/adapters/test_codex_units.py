@@ -234,3 +234,22 @@ def test_mcp_progress_is_tool_output() -> None:
     assert _emitted(turn, "item/mcpToolCall/progress", {"itemId": "m1", "message": "50%"}) == [
         ("tool.output.delta", {"tool_call_id": "m1", "text": "50%\n"})
     ]
+
+
+def test_a_message_codex_drops_for_a_steer_is_completed_with_what_was_streamed() -> None:
+    from driver.adapters.codex_turn import CodexTurn
+
+    turn = CodexTurn("run-1", "/tmp", "thr-1")
+    turn.handle("item/started", {"item": {"id": "m1", "type": "agentMessage"}})
+    turn.handle("item/agentMessage/delta", {"itemId": "m1", "delta": "half an "})
+    turn.handle("item/agentMessage/delta", {"itemId": "m1", "delta": "answer"})
+    # The steered request's response: a new message, the first one never completed by Codex.
+    out = turn.handle("item/started", {"item": {"id": "m2", "type": "agentMessage"}})
+    assert out == [
+        ("message.completed", {"message_id": "m1", "role": "assistant", "text": "half an answer"}),
+        ("message.started", {"message_id": "m2", "role": "assistant"}),
+    ]
+    turn.handle("item/completed", {"item": {"id": "m2", "type": "agentMessage", "text": "steered"}})
+    end = turn.handle("turn/completed", {"turn": {"id": "t1", "status": "completed"}})
+    assert end == []
+    assert (turn.final_message_id, turn.final_message_text) == ("m2", "steered")

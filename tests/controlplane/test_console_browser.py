@@ -181,6 +181,37 @@ def test_a_slow_run_is_cancelled_with_its_phase(console: Console) -> None:
     console.shot("05-cancelled")
 
 
+def test_typing_while_the_agent_works_steers_and_queue_is_a_choice(console: Console) -> None:
+    """PROTOCOL §3.1 from the console: Enter during a run steers it (the default), or queues behind it."""
+    run_id = console.send("[[slow:60]] a long answer")
+    console.wait(lambda b: b.execute_script("return window.agentConsole.activeRun") == run_id, "the active run")
+    assert console.one('input[name="busy-mode"][value="steer"]').is_selected()
+    assert "steers" in console.one("#input-text").get_attribute("placeholder")
+    steered_run = console.send("[[say:steered from the console]]")
+    assert steered_run == run_id  # the input.steer names the active run
+    assert console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"][-1]["kind"] == "input.steer"
+    row = console.one(".steered")
+    assert "into the running turn" in row.text and "steered from the console" in row.text
+    assert "run.completed" in console.terminal(run_id).text
+    final = [e for e in console.cp.events("run.completed") if e["run_id"] == run_id][-1]
+    assert final["payload"]["final_message_text"] == "steered from the console"
+    console.shot("05b-steered")
+
+    run_id = console.send("[[slow:200]] another long answer")
+    console.wait(lambda b: b.execute_script("return window.agentConsole.activeRun") == run_id, "the active run")
+    console.one('input[name="busy-mode"][value="queue"]').click()
+    assert "queues" in console.one("#input-text").get_attribute("placeholder")
+    queued_run = console.send("[[say:queued from the console]]")
+    assert queued_run != run_id
+    command = console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"][-1]
+    assert command["kind"] == "input.start" and command["body"]["queue"] is True
+    console.wait(lambda _: queued_run in console.one('[data-field="queued"]').text, "the queued run in the summary")
+    assert console.css(".user-input")[-1].get_attribute("data-input") == "queued"
+    assert "run.completed" in console.terminal(queued_run).text  # started once the run before it ended
+    console.one('input[name="busy-mode"][value="steer"]').click()
+    console.shot("05c-queued")
+
+
 def test_an_artifact_downloads_with_its_hash(console: Console) -> None:
     run_id = console.send("[[write:outputs/report.txt:the quarterly report]]")
     console.one('.permission[data-outcome="pending"] .allow').click()

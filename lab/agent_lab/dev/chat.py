@@ -41,8 +41,10 @@ class DevChat:
     """Sends commands through the control plane and shows the events it stores.
 
     Every state change happens in `serve`'s loop, one action at a time: typed lines, Ctrl-C, the
-    driver's exit, and the pump's notices (ready, run ended, permission asked). Lines typed while a
-    run is active wait their turn, so a script can type ahead and `/quit` last.
+    driver's exit, and the pump's notices (ready, run ended, permission asked). A line typed while a
+    run is active steers it (`input.steer`); `/queue TEXT` queues a run behind it in the driver
+    (`input.start{"queue": true}`, PROTOCOL §3.1), which the chat follows once the run before it ends.
+    Lines typed before the driver is ready, and `/quit`, wait their turn, so a script can type ahead.
     """
 
     def __init__(
@@ -69,6 +71,8 @@ class DevChat:
         self.status = Status()
         self.phase = "starting"  # starting | idle | running | stopping
         self.run: _Run | None = None
+        self.queued: deque[_Run] = deque()  # runs queued in the driver behind `run`, in start order
+        self._queued_ended: dict[str, str] = {}  # a queued run's terminal seen before the chat followed it
         self.waiting: deque[Action] = deque()  # typed ahead: ("input", text) | ("quit", None)
         self.permissions: deque[Mapping[str, Any]] = deque()
         self.stdin_open = once is None
@@ -121,6 +125,8 @@ class DevChat:
         elif kind in RUN_TERMINALS and run is not None and event.get("run_id") == run.run_id:
             run.terminal_seen = True
             self.push(("run_ended", kind))
+        elif kind in RUN_TERMINALS and any(q.run_id == event.get("run_id") for q in self.queued):
+            self._queued_ended[str(event.get("run_id"))] = kind  # it may end before the loop follows it
         elif kind == "permission.requested":
             self.push(("permission", event["payload"]))
         elif kind == "permission.resolved":
@@ -143,6 +149,11 @@ class DevChat:
             return
         error = item.get("error") or {}
         run = self.run
+        queued = next((q for q in self.queued if q.command_id == item.get("command_id")), None)
+        if kind == "input.start" and queued is not None:
+            self.queued.remove(queued)  # refused before it started (driver.queue_full, say)
+            self.say(f"[queue refused] {error.get('code')}: {error.get('message')}")
+            return
         if kind == "input.start":
             if run is None or run.command_id != item.get("command_id") or run.terminal_seen:
                 return  # the run's own terminal event already told the story
@@ -164,6 +175,18 @@ class DevChat:
         self.run = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
         self.phase = "running"
         await self.send("input.start", self.run.command_id, run_id=self.run.run_id, input={"text": text})
+
+    async def steer(self, text: str) -> None:
+        """PROTOCOL §3.1: a line typed during a reply goes into the running run."""
+        assert self.run is not None
+        await self.send("input.steer", run_id=self.run.run_id, input={"text": text})
+
+    async def queue_run(self, text: str) -> None:
+        """`/queue TEXT`: a run the driver holds and starts once the runs before it end."""
+        queued = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
+        self.queued.append(queued)
+        await self.send("input.start", queued.command_id, run_id=queued.run_id, input={"text": text}, queue=True)
+        self.say(f"[dev] queued {queued.run_id}: it starts when the run before it ends")
 
     async def stop(self, why: str) -> None:
         if self.phase == "stopping":
@@ -260,9 +283,16 @@ class DevChat:
         self.status.last_run, self.status.last_terminal = run.run_id, terminal.removeprefix("run.")
         self.run = None
         self.permissions.clear()
+        self.say(self.status.line(time.monotonic()))
+        if self.queued and self.phase == "running":
+            self.run = self.queued.popleft()  # the driver starts it now: follow it
+            ended = self._queued_ended.pop(self.run.run_id, None)
+            if ended is not None:
+                self.run.terminal_seen = True
+                await self._run_ended(ended)
+            return
         if self.phase == "running":
             self.phase = "idle"
-        self.say(self.status.line(time.monotonic()))
         if self.once is not None:
             await self.stop("--once run ended")
             return
@@ -299,9 +329,20 @@ class DevChat:
             if self.phase == "running":
                 self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")
             self.waiting.append(("quit", None))
+        elif command.startswith("/queue"):
+            queued = command.removeprefix("/queue").strip()
+            if not queued:
+                self.say("[dev] /queue TEXT queues TEXT behind the running reply")
+            elif self.phase == "running" and self.run is not None:
+                await self.queue_run(queued)
+            else:
+                self.waiting.append(("input", queued))
         elif command:
+            if self.phase == "running" and self.run is not None and not self.run.cancel_sent:
+                await self.steer(text)
+                return
             if self.phase in ("starting", "running"):
-                self.say("[dev] queued: it is sent when the driver is free")
+                self.say("[dev] waiting: it is sent when the driver is free")
             self.waiting.append(("input", text))
         await self._next_waiting()
         self.prompt()
@@ -314,10 +355,14 @@ class DevChat:
         elif run is not None and not run.cancel_sent:
             run.cancel_sent = True
             # Typed-ahead inputs go with the cancelled run; a typed-ahead /quit stays.
-            dropped = sum(1 for kind, _ in self.waiting if kind == "input")
+            dropped = sum(1 for kind, _ in self.waiting if kind == "input") + len(self.queued)
             self.waiting = deque(a for a in self.waiting if a[0] != "input")
             note = f"; {dropped} queued input(s) dropped" if dropped else ""
             self.say(f"[dev] cancelling {run.run_id} (Ctrl-C again to quit){note}")
+            # The runs queued in the driver first, so none of them starts when this one ends.
+            while self.queued:
+                queued = self.queued.popleft()
+                await self.send("turn.cancel", run_id=queued.run_id, reason="user pressed Ctrl-C")
             await self.send("turn.cancel", run_id=run.run_id, reason="user pressed Ctrl-C")
         else:
             await self.stop("Ctrl-C")
@@ -335,13 +380,19 @@ class DevChat:
             self.say("[console] session.stop: the driver is stopping")
             self._spawn(self._stop_watchdog())
             return
+        text = (body.get("input") or {}).get("text", "")
+        if cmd["kind"] == "input.steer":
+            self.say(f"[console] steer: {text}")
+            return
         if cmd["kind"] != "input.start":
             self.say(f"[console] {cmd['kind']}")
             return
-        self.say(f"{CONSOLE_PREFIX}{(body.get('input') or {}).get('text', '')}")
+        self.say(f"{CONSOLE_PREFIX}{text}")
         if self.phase == "idle" and self.run is None:
             self.run = _Run(str(body.get("run_id")), command_id)
             self.phase = "running"
+        elif body.get("queue") and self.phase == "running":
+            self.queued.append(_Run(str(body.get("run_id")), command_id))  # followed after the current one
 
     # -- permissions ----------------------------------------------------------------------------
     async def _ask_permission(self) -> None:

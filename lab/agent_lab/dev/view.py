@@ -173,6 +173,9 @@ class Transcript:
         if kind == "run.failed":
             error = p.get("error") or {}
             return f"[run failed] {error.get('code')}: {error.get('message')}"
+        if kind == "input.steered":
+            how = "into the running turn" if p.get("mode") == "native" else "as one more turn"
+            return f"[steered] {how}: {short(str(p.get('text') or ''), 160)}"
         if kind == "run.cancelled":
             details = p.get("details") or {}
             return f"[run cancelled] by {p.get('requested_by')} (phase: {details.get('phase')})"

@@ -29,9 +29,9 @@ from agent_lab.testing.script import (
     DEFAULT_TEXT,
     ERROR_MESSAGE,
     SLOW_INTERVAL_S,
-    SLOW_TEXT,
     THINKING_TEXT,
     read_script,
+    slow_text,
 )
 
 _VERBS = ("say", "shell", "write", "tool")
@@ -96,7 +96,7 @@ def plan_reply(body: dict[str, Any]) -> Reply:
     if script.error:
         return Reply(error=True)
     if script.slow:
-        return Reply((*lead, Block("text", SLOW_TEXT)), slow=True)
+        return Reply((*lead, Block("text", slow_text(script.slow_chunks))), slow=True)
     if script.verb is None:
         return Reply((*lead, Block("text", DEFAULT_TEXT)))
     verb, arg = script.verb, script.arg

@@ -70,9 +70,9 @@ from agent_lab.testing.script import (
     DEFAULT_TEXT,
     ERROR_MESSAGE,
     SLOW_INTERVAL_S,
-    SLOW_TEXT,
     THINKING_TEXT,
     read_script,
+    slow_text,
 )
 
 _VERBS = ("say", "shell", "write", "mcp")
@@ -156,7 +156,7 @@ def plan_reply(body: dict[str, Any]) -> Reply:
     if script.error:
         return Reply(error=True)
     if script.slow:
-        return Reply((*lead, Step("message", SLOW_TEXT)), slow=True)
+        return Reply((*lead, Step("message", slow_text(script.slow_chunks))), slow=True)
     if script.verb is None:
         return Reply((*lead, Step("message", DEFAULT_TEXT)))
     verb, arg = script.verb, script.arg

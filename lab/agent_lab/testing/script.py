@@ -16,6 +16,13 @@ ERROR_MESSAGE = "fake model error: scripted failure"
 SLOW_CHUNKS = 400  # x 50 ms = 20 s: long enough that only a working cancel ends it early
 SLOW_INTERVAL_S = 0.05
 SLOW_TEXT = " ".join(f"word{i}" for i in range(SLOW_CHUNKS))
+_SLOW_FOR = re.compile(r"\[\[slow:(\d{1,4})\]\]")  # [[slow:N]]: N chunks (N x 50 ms), for steering tests
+
+
+def slow_text(chunks: int = SLOW_CHUNKS) -> str:
+    return SLOW_TEXT if chunks == SLOW_CHUNKS else " ".join(f"word{i}" for i in range(chunks))
+
+
 THINKING_TEXT = "Let me think about this carefully."
 
 _MARKER = re.compile(r"\[\[(\w+):(.*?)\]\]", re.DOTALL)
@@ -28,6 +35,7 @@ class Script:
     slow: bool
     verb: str | None  # the action marker (say, shell, write, ...), None for the default reply
     arg: str
+    slow_chunks: int = SLOW_CHUNKS
 
 
 def read_script(text: str, verbs: Collection[str]) -> Script:
@@ -36,10 +44,12 @@ def read_script(text: str, verbs: Collection[str]) -> Script:
     instruction last, and a model answers that."""
     actions = [m for m in _MARKER.finditer(text) if m.group(1) in verbs]
     last = actions[-1] if actions else None
+    slow_for = _SLOW_FOR.search(text)
     return Script(
         think="[[think]]" in text,
         error="[[error]]" in text,
-        slow="[[slow]]" in text,
+        slow="[[slow]]" in text or slow_for is not None,
         verb=last.group(1) if last else None,
         arg=last.group(2) if last else "",
+        slow_chunks=max(1, int(slow_for.group(1))) if slow_for else SLOW_CHUNKS,
     )

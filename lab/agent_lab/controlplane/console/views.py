@@ -33,6 +33,7 @@ class InstanceViews:
             "session_kind": (hello or {}).get("session_kind"),
             "state": beat.get("state"),
             "run_id": beat.get("run_id"),
+            "queued": beat.get("queued") or [],  # queued run ids, in start order (PROTOCOL §3.1)
             "last_heartbeat": beat.get("at"),
             "activity": beat.get("activity"),
             "outbox": beat.get("outbox") or (hello or {}).get("outbox"),

@@ -170,6 +170,7 @@ function showSummary(s) {
     ["epoch", s.epoch],
     ["state", s.state],
     ["run", s.run_id],
+    ["queued", (s.queued || []).length ? s.queued.join(", ") : "-"],
     ["last heartbeat", clock(s.last_heartbeat)],
     ["outbox pending", outbox.lossless_pending],
     ["best-effort drops", outbox.best_effort_dropped],
@@ -256,6 +257,7 @@ function showEvent(event) {
   else place(row(event.kind, event, "generic", el("pre", { class: "summary", text: text(p) })), at);
   if (event.kind === "run.started") state.activeRun = p.run_id || event.run_id;
   if (RUN_TERMINALS.has(event.kind) && state.activeRun === event.run_id) state.activeRun = null;
+  busyHint();
 }
 
 function streamed(key, label, cls, event, at) {
@@ -443,6 +445,7 @@ const HANDLERS = {
   "artifact.produced": artifact,
   "log.records": logRecords,
   "run.started": simple("run.started", "run", (p) => `${p.run_id}: ${p.input_summary || ""}`),
+  "input.steered": simple("steered", "steered", (p) => `${p.mode === "native" ? "into the running turn" : "as one more turn"}: ${p.text}`),
   "driver.started": simple("driver.started", "driver", (p) => `${p.runtime}, epoch ${p.epoch}, revision ${p.revision}`),
   "file.changed": simple("file", "file", (p) => `${p.change} ${p.path}`),
   "usage.updated": simple("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(4)}`),
@@ -464,11 +467,13 @@ function showCommand(c) {
   const key = `cmd:${c.command_id}`;
   let node = state.items.get(key);
   if (!node) {
-    if (c.kind === "input.start") {
+    if (c.kind === "input.start" || c.kind === "input.steer") {
       const input = c.body.input || {};
       const names = (input.attachments || []).map((a) => a.name).join(", ");
-      node = el("article", { class: "ev user-input", "data-kind": "input" },
-        el("header", {}, el("time", { text: clock(c.created_at) }), el("span", { class: "kind", text: "you" }), el("span", { class: "status" })),
+      // PROTOCOL §3.1: a steer joins the active run; a queued input waits for the run before it.
+      const how = c.kind === "input.steer" ? "steer" : c.body.queue ? "queued" : "";
+      node = el("article", { class: "ev user-input", "data-kind": "input", "data-input": how || "start" },
+        el("header", {}, el("time", { text: clock(c.created_at) }), el("span", { class: "kind", text: how ? `you · ${how}` : "you" }), el("span", { class: "status" })),
         el("div", { class: "text", text: input.text || "" }),
         names ? el("div", { class: "meta", text: `attachments: ${names}` }) : null);
     } else {
@@ -494,6 +499,19 @@ function showCommand(c) {
 
 // ---- actions -----------------------------------------------------------------------------------------
 
+// What Enter does now: start a run, or (while one is active) steer it or queue behind it.
+function busyHint() {
+  const box = document.getElementById("input-text");
+  const mode = (document.querySelector('input[name="busy-mode"]:checked') || {}).value || "steer";
+  const busy = Boolean(state.activeRun);
+  document.getElementById("composer").dataset.busy = busy ? mode : "";
+  box.placeholder = !busy
+    ? "Message (Enter sends, Shift+Enter for a new line)"
+    : mode === "steer"
+      ? "The agent is working: Enter steers the running turn"
+      : "The agent is working: Enter queues this for after the run";
+}
+
 async function upload(file) {
   const path = `/console/instances/${encodeURIComponent(state.instance)}/uploads?name=${encodeURIComponent(file.name)}`;
   const response = await fetch(path, { method: "POST", credentials: "same-origin", body: file });
@@ -514,8 +532,16 @@ async function send(event) {
   } catch (error) {
     return notice(`upload failed: ${error.message}`, true);
   }
-  const runId = newId("run-");
-  if (await command("input.start", { run_id: runId, input: { text: message, attachments } })) {
+  const input = { text: message, attachments };
+  // While a run is active a message steers it by default, or waits its turn (PROTOCOL §3.1).
+  const active = state.activeRun; // from the stored run.started / terminal: newer than a heartbeat
+  const mode = (document.querySelector('input[name="busy-mode"]:checked') || {}).value || "steer";
+  const sent = !active
+    ? await command("input.start", { run_id: newId("run-"), input })
+    : mode === "steer"
+      ? await command("input.steer", { run_id: active, input })
+      : await command("input.start", { run_id: newId("run-"), input, queue: true });
+  if (sent) {
     box.value = "";
     files.value = "";
     document.getElementById("attachment-names").textContent = "";
@@ -535,6 +561,7 @@ function init() {
     if (!runId) return notice("no run is active");
     command("turn.cancel", { run_id: runId, reason: "cancelled from the console" });
   });
+  document.querySelectorAll('input[name="busy-mode"]').forEach((r) => r.addEventListener("change", busyHint));
   document.getElementById("reset-session").addEventListener("click", () => command("session.reset", { reason: "reset from the console" }));
   document.getElementById("stop-driver").addEventListener("click", () => command("session.stop", { reason: "stopped from the console" }));
   loadInstances();
