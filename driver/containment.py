@@ -34,6 +34,7 @@ import subprocess
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -48,6 +49,70 @@ RECORD_NAME = "processes.json"
 _prefix: list[str] | None = None
 _prefix_lock = threading.Lock()
 _record: ProcessRecord | None = None
+# What the provider tree must not see and what it must (driver.hiding), set by `hide` before the
+# first provider starts; the mount plan is made with the prefix, once.
+_private: tuple[list[Path], list[Path]] = ([], [])
+_degraded: list[dict[str, Any]] = []
+
+
+def hide(hidden: Iterable[Path | str | None], visible: Iterable[Path | str | None]) -> None:
+    """Ask for `hidden` to be covered in the provider's mount namespace, `visible` kept (PROTOCOL §9).
+    Called once, before the first provider starts (the prefix is chosen then)."""
+    global _private
+    _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p])
+
+
+def take_degraded() -> list[dict[str, Any]]:
+    """The `containment.degraded` diagnostics' payloads, once: what is not hidden, and why."""
+    out = list(_degraded)
+    _degraded.clear()
+    return out
+
+
+def _probe(prefix: list[str]) -> bool:
+    # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
+    try:
+        return subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _with_mounts(prefix: list[str]) -> list[str]:
+    """`prefix` with the hiding mounts before its `--`; reports what stays visible."""
+    from driver import hiding
+
+    hidden, visible = _private
+    if not hidden:
+        return prefix
+    plan = hiding.plan(hidden, visible)
+    mounted = prefix
+    if plan.args:
+        cut = prefix.index("--")
+        candidate = [*prefix[:cut], *plan.args, *prefix[cut:]]
+        if not _probe(candidate):
+            _report_degraded("bwrap refused the mounts that hide them", "pidns")
+            return prefix
+        mounted = candidate
+    if plan.not_hidden:
+        _report_degraded("some cannot be hidden", "pidns", plan.not_hidden)
+    return mounted
+
+
+def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None = None) -> None:
+    hidden, _ = _private
+    if not hidden:
+        return  # nothing was asked to be hidden (benchmarks, unit tests): nothing is degraded
+    visible = items if items is not None else [{"path": str(p), "reason": reason} for p in hidden]
+    _degraded.append(
+        {
+            "code": "containment.degraded",
+            "severity": "warning",
+            "message": f"the provider's tools can see some of the driver's files ({reason}); journal rows "
+            "stay authenticated and the ports still refuse them",
+            "details": {"mode": mode, "visible": visible},
+        }
+    )
+    log.warning("containment.degraded", reason=reason, mode=mode, visible=[i["path"] for i in visible])
 
 
 def _pidns_prefix() -> list[str] | None:
@@ -83,12 +148,7 @@ def _pidns_prefix() -> list[str] | None:
         f'exec 3<&0; {shlex.quote(env)} --default-signal=TERM "$@" <&3 3<&- & wait $!',
         "sh",
     ]
-    # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
-    try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return prefix if ok else None
+    return _with_mounts(prefix) if _probe(prefix) else None
 
 
 def _subreaper_prefix() -> list[str]:
@@ -119,6 +179,8 @@ def prefix() -> list[str]:
             if chosen is None and mode == "pdeathsig":
                 chosen = _pdeathsig_prefix()
             _prefix = chosen or []
+            if mode_of(_prefix) != "pidns":
+                _report_degraded("no mount namespace is allowed here", mode_of(_prefix))
             log.info("containment.mode", mode=mode_of(_prefix))
         return list(_prefix)
 

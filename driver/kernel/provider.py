@@ -229,11 +229,20 @@ class ProviderRoom:
                     },
                 )
 
+    async def report_containment(self) -> None:
+        """PROTOCOL §9: once at start, what the provider tree can see that it should not."""
+        from driver import containment
+
+        await anyio.to_thread.run_sync(containment.prefix)  # chosen by now, unless no provider started
+        for payload in containment.take_degraded():
+            await self.k.emit("diagnostic.reported", payload)
+
     async def boot(self) -> None:
         """Install skills, start the provider, then report `driver.started`."""
         k = self.k
         await self.install_skills()
         await k.supervisor.boot()
+        await self.report_containment()
         start_ms = k.supervisor.start_ms
         timings = {
             "boot_ms": round((time.monotonic() - k.started_monotonic) * 1000, 1),

@@ -1,0 +1,100 @@
+"""The mount plan that hides the driver's state from the provider tree (driver/hiding.py), and bwrap
+applying it, as root and as an unprivileged uid (PROTOCOL §9)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from driver import hiding
+
+
+def layout(tmp_path: Path) -> dict[str, Path]:
+    boot = tmp_path / "box"
+    paths = {
+        "boot": boot,
+        "cwd": boot / "cwd",
+        "state": boot / "cwd" / ".state",
+        "driver": boot / "cwd" / ".state" / "driver",
+        "providers": boot / "cwd" / ".state" / "providers",
+    }
+    for p in paths.values():
+        p.mkdir(parents=True, exist_ok=True)
+    (paths["driver"] / "journal.sqlite3").write_text("journal")
+    (paths["state"] / "driver.lock").write_text("1\n")
+    (paths["providers"] / "home.txt").write_text("provider home")
+    (boot / "next.boot.json").write_text("secret payload")
+    (paths["cwd"] / "work.txt").write_text("work")
+    for p in [tmp_path, *paths.values()]:
+        p.chmod(0o777)  # the unprivileged run below reads them
+    return paths
+
+
+def test_plan_covers_deepest_last_and_binds_the_visible_back(tmp_path: Path) -> None:
+    p = layout(tmp_path)
+    plan = hiding.plan([p["driver"], p["state"] / "driver.lock", p["boot"]], [p["state"], p["cwd"]])
+    assert plan.not_hidden == []
+    a = plan.args
+    # The boot folder is covered first, cwd bound back into it, then state_dir/driver covered inside.
+    assert a.index(str(p["boot"])) < a.index(str(p["cwd"])) < a.index(str(p["driver"]))
+    assert ["--ro-bind", os.devnull, str(p["state"] / "driver.lock")] == a[
+        a.index("--ro-bind") : a.index("--ro-bind") + 3
+    ]
+    assert a[-4:] == ["--remount-ro", str(p["driver"]), "--remount-ro", str(p["boot"])]
+
+
+def test_a_folder_that_is_also_visible_or_the_root_is_not_hidden_and_said_so(tmp_path: Path) -> None:
+    p = layout(tmp_path)
+    plan = hiding.plan([p["cwd"], Path("/"), tmp_path / "missing"], [p["cwd"]])
+    assert plan.args == [] and plan.hidden == []
+    assert [n["path"] for n in plan.not_hidden] == [str(p["cwd"]), "/"]
+
+
+PROBE = (
+    'for f in "$D/journal.sqlite3" "$S/driver.lock" "$B/next.boot.json"; do '
+    'if [ -s "$f" ] && cat "$f" >/dev/null 2>&1; then echo "read $f"; else echo "hidden $f"; fi; done; '
+    'echo x > "$D/journal.sqlite3" 2>/dev/null && echo "wrote journal"; '
+    'cat "$S/providers/home.txt"; echo; cat "$C/work.txt"; echo'
+)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+@pytest.mark.parametrize("uid", [None, 10001], ids=["as-driver-uid", "unprivileged"])
+def test_bwrap_hides_the_driver_state_and_keeps_the_work(
+    tmp_path: Path, uid: int | None, request: pytest.FixtureRequest
+) -> None:
+    if uid is not None and os.geteuid() != 0:
+        pytest.skip("switching uid needs root")  # the as-driver-uid case covers a non-root driver
+    if uid is not None:
+        # pytest's own folder is root's (0700): the unprivileged driver owns a folder of its own.
+        tmp_path = Path(tempfile.mkdtemp(prefix="hiding-", dir="/tmp"))
+        request.addfinalizer(lambda: shutil.rmtree(tmp_path, ignore_errors=True))
+    p = layout(tmp_path)
+    if uid is not None:
+        for path in [tmp_path, *tmp_path.rglob("*")]:
+            os.chown(path, uid, uid)
+    plan = hiding.plan([p["driver"], p["state"] / "driver.lock", p["boot"]], [p["state"], p["cwd"]])
+    switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+    env = {"D": str(p["driver"]), "S": str(p["state"]), "B": str(p["boot"]), "C": str(p["cwd"]), "PATH": os.defpath}
+    out = subprocess.run(
+        [*switch, "bwrap", "--unshare-pid", "--dev-bind", "/", "/", *plan.args, "--", "sh", "-c", PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == [
+        f"hidden {p['driver']}/journal.sqlite3",
+        f"hidden {p['state']}/driver.lock",
+        f"hidden {p['boot']}/next.boot.json",
+    ]
+    assert "wrote journal" not in lines
+    assert lines[3:] == ["provider home", "work"]
+    assert (p["driver"] / "journal.sqlite3").read_text() == "journal"  # outside, untouched
