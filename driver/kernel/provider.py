@@ -29,6 +29,7 @@ from driver import logs
 from driver.adapters.base import Adapter, AdapterConfig, ProviderError
 from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import provider_env
+from driver.interfaces import PathNotAllowed
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
@@ -216,9 +217,10 @@ class ProviderRoom:
         cwd = Path(k.boot.session.cwd)
         for skill in k.boot.execution.skills:
             try:
+                k.files.admit_tree(cwd / skill.mount_path)  # never over the driver's own state (§9)
                 installed = await skills.install(skill, cwd)
                 log.info("skill.installed", name=skill.name, path=str(installed.path))
-            except skills.SkillError as exc:
+            except (skills.SkillError, PathNotAllowed) as exc:
                 await k.emit(
                     "diagnostic.reported",
                     {
