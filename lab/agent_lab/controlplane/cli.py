@@ -44,7 +44,10 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_lab.controlplane.server import ControlPlane
 
 CLIENT_COMMANDS = ("send", "events", "commands", "faults", "terminate")
 
@@ -132,9 +135,10 @@ def _artifact_roots(pairs: list[str]) -> dict[str, Path]:
     return roots
 
 
-def console_login_url(http_url: str, token: str, show_token: bool) -> str:
-    """The console's URL; with `show_token` a one-click login link (the token is this process's own)."""
-    return f"{http_url}/?{urllib.parse.urlencode({'token': token})}" if show_token else f"{http_url}/"
+def console_login_url(cp: ControlPlane, show_link: bool) -> str:
+    """The console's URL; with `show_link` a login link that works once (a one-time code, not the token)."""
+    link = cp.console_login_url() if show_link else None
+    return link or f"{cp.http_url}/"
 
 
 async def _run_server(args: argparse.Namespace, token: str, console_token: str, roots: dict[str, Path]) -> int:
@@ -164,7 +168,7 @@ async def _run_server(args: argparse.Namespace, token: str, console_token: str, 
         if cp.http_url is not None:
             shown = args.console_token_file is None
             where = "" if shown else f" (log in with the token in {args.console_token_file})"
-            url = console_login_url(cp.http_url, console_token, shown)
+            url = console_login_url(cp, shown)
             print(f"console: {url}{where}", file=sys.stderr, flush=True)
         await stop.wait()
     return 0
