@@ -40,6 +40,7 @@ def attack(tmp: Path) -> str:
     # The token's text split in two, so the command line itself (kept in the provider's own
     # transcript, which is visible) never matches.
     head, tail = TOKEN[:6], TOKEN[6:]
+    lines.append(f"env > {tmp / 'cwd' / 'env.txt'}")
     lines.append(f"grep -rl {head}'{tail}' {tmp} >> {out} 2>/dev/null; echo end >> {out}")
     return "; ".join(lines)
 
@@ -50,7 +51,7 @@ async def test_an_agent_tool_cannot_read_or_edit_the_driver_state(runtime: str, 
     async with control_plane(tmp_path) as cp:
         payload = runtimes.payload(runtime, tmp_path, cp.url, fakes)
         payload["execution"]["permission_policy"] = "full_access"
-        d = Driver(tmp_path, payload)
+        d = Driver(tmp_path, payload, env={"DRIVER_ONLY_SECRET": "driver-env-value-31337"})
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
             text = f"[[shell:{attack(tmp_path)}]]"
@@ -70,6 +71,10 @@ async def test_an_agent_tool_cannot_read_or_edit_the_driver_state(runtime: str, 
             journal = tmp_path / "state" / "driver" / "journal.sqlite3"
             assert b"forged" not in journal.read_bytes()
             sqlite3.connect(f"file:{journal}?mode=ro", uri=True).execute("select 1").close()
+            # The tool has the provider's environment only: nothing of the driver's own, nor the
+            # Claude launcher's variable.
+            tool_env = (tmp_path / "cwd" / "env.txt").read_text()
+            assert "driver-env-value-31337" not in tool_env and "AGENT_DRIVER" not in tool_env
             kinds = [e["payload"]["code"] for e in cp.events(INSTANCE, kinds="diagnostic.reported")]
             assert "containment.degraded" not in kinds
         finally:
