@@ -112,7 +112,8 @@ def client_options(
         else:
             problems.append(f"provider_options.{key} is not a usable ClaudeAgentOptions field")
     cli = kwargs.pop("cli_path", None) or bundled_cli()  # provider_options may name another CLI
-    launch = launch_command(cli, env.keys(), os.environ) if cli else None
+    driver_dir = Path(config.session.state_dir) / "driver"
+    launch = launch_command(cli, env.keys(), os.environ, driver_dir) if cli else None
     if launch is not None:
         launcher, launch_env = launch
         kwargs["cli_path"] = str(launcher)

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from driver import containment
 from driver.adapters import claude_options
 from driver.adapters.claude_options import (
@@ -143,3 +145,25 @@ def test_host_tool_schema_without_properties_stays_a_json_schema() -> None:
     assert sdk_schema({"type": "object"}) == {"type": "object", "properties": {}}
     full = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
     assert sdk_schema(full) is full
+
+
+def test_an_install_without_the_executable_bit_runs_a_copy_from_the_driver_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel keeps no mode for a module: then one copy of the same fixed text goes to state_dir/driver/
+    (hidden from the provider tree, refused by the ports), never to the provider's folder."""
+    plain = tmp_path / "pkg" / "claude_launcher.py"
+    plain.parent.mkdir()
+    plain.write_bytes(LAUNCHER.read_bytes())
+    plain.chmod(0o644)
+    monkeypatch.setattr(claude_options, "LAUNCHER", plain)
+    driver_dir = tmp_path / "state" / "driver"
+    launch = launch_command(Path("/bin/echo"), keep=["PATH"], parent={}, driver_dir=driver_dir)
+    assert launch is not None
+    launcher, launch_env = launch
+    assert launcher == driver_dir / "claude-launcher" and launcher.read_bytes() == plain.read_bytes()
+    assert launcher.stat().st_mode & 0o777 == 0o500
+    out = subprocess.run([str(launcher), "from", "the copy"], env={"PATH": os.environ["PATH"], **launch_env},
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert out.stdout == "from the copy\n", out.stderr
+    assert launch_command(Path("/bin/echo"), keep=[], parent={}, driver_dir=None) is None
