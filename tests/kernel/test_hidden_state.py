@@ -7,12 +7,19 @@ Where no mount namespace is allowed, `containment.degraded` says so once.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import INSTANCE, TOKEN, control_plane
+from tests.integration.harness import INSTANCE, ROOT, TOKEN, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes
 from tests.kernel.support import Driver, wait_terminal
@@ -99,3 +106,50 @@ async def test_without_a_mount_namespace_the_driver_says_so_once(tmp_path: Path,
             assert TOKEN not in repr(found)
         finally:
             d.close()
+
+
+def spawn_as(uid: int, boot: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+             sys.executable, "-m", "driver.cli", "run", "--boot-file", str(boot)],
+            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged uid needs root")
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_as_an_unprivileged_uid_the_driver_state_is_hidden_too(runtime: str, fakes: Fakes) -> None:
+    """The driver as uid 10001 (bwrap then makes a user namespace for the mounts): the same attack fails."""
+    uid = 10001
+    tmp = Path(tempfile.mkdtemp(prefix="hidden-uid-", dir="/tmp"))
+    try:
+        (tmp / "next.boot.json").write_text(f'{{"control": {{"token": "{TOKEN}"}}}}')
+        async with control_plane(tmp) as cp:
+            payload = runtimes.payload(runtime, tmp, cp.url, fakes)
+            payload["execution"]["permission_policy"] = "full_access"
+            boot = tmp / "driver.boot.json"
+            boot.write_text(json.dumps(payload))
+            for path in [tmp, *tmp.rglob("*")]:
+                os.chown(path, uid, uid)
+            boot.chmod(0o600)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_DRIVER")}
+            env["AGENT_DRIVER_PROJECT_ROOT"] = str(ROOT)
+            proc = spawn_as(uid, boot, env, tmp / "driver.stderr.log")
+            try:
+                await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+                text = f"[[shell:{attack(tmp)}]]"
+                await cp.send_command(INSTANCE, "input.start", run_id="run-u", input={"text": text})
+                term = await wait_terminal(cp, "run-u", timeout=90)
+                assert term["kind"] == "run.completed", (term, (tmp / "driver.stderr.log").read_text()[-2000:])
+                lines = (tmp / "cwd" / "probe.txt").read_text().splitlines()
+                assert lines[-1] == "end" and [x for x in lines if x.startswith("read ")] == [], lines
+                assert "wrote journal" not in lines and "providers visible" in lines
+                assert lines[lines.index("providers visible") + 1 :] == ["end"], lines
+                codes = [e["payload"]["code"] for e in cp.events(INSTANCE, kinds="diagnostic.reported")]
+                assert "containment.degraded" not in codes
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
