@@ -22,7 +22,8 @@ agent-driver controlplane events   --url ... --token-file ... --instance ID [--a
                           [--wait SECONDS]
     With --wait: when nothing matches yet, wait up to SECONDS for a match (exit 1 if none came).
 agent-driver controlplane commands --url ... --token-file ... --instance ID
-agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
+agent-driver controlplane faults   --url ... --token-file CONSOLE_TOKEN_FILE [--set knob=value ...] [--reset]
+    The fault API takes the operator's token (the console's), never a driver's.
 agent-driver controlplane terminate --url ... --token-file ... --instance ID
 agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
     Mint a one-time boot payload (mode 0600) pointing at the running control plane, with its token.
