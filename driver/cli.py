@@ -93,11 +93,12 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         lock.release()
 
 
-def _private_paths(payload: Any, boot_path: Any) -> tuple[list[Any], list[Any]]:
+def _private_paths(payload: Any, boot_path: Any) -> tuple[list[Any], list[Any], list[Any]]:
     """PROTOCOL §9: the provider tree must not see `state_dir/driver/` (journal, records, markers),
     the lock, nor the boot payload's folder. What it works in (`state_dir` itself, whose `providers/`
     is the provider's home, `cwd`, the other roots) and the runtime it runs from stay visible, also
-    when they lie inside the boot folder."""
+    when they lie inside the boot folder. Returns (hidden, visible, hidden but writable: the boot
+    folder, which may be `/tmp`)."""
     import sys
     from pathlib import Path
 
@@ -118,7 +119,7 @@ def _private_paths(payload: Any, boot_path: Any) -> tuple[list[Any], list[Any]]:
         Path(__file__).resolve().parent,
         project_root(),
     ]
-    return [state_dir / "driver", state_dir / LOCK_NAME, boot_path.parent], visible
+    return [state_dir / "driver", state_dir / LOCK_NAME], visible, [boot_path.parent]
 
 
 def _lab_module(name: str) -> Any:

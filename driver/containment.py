@@ -51,15 +51,20 @@ _prefix_lock = threading.Lock()
 _record: ProcessRecord | None = None
 # What the provider tree must not see and what it must (driver.hiding), set by `hide` before the
 # first provider starts; the mount plan is made with the prefix, once.
-_private: tuple[list[Path], list[Path]] = ([], [])
+_private: tuple[list[Path], list[Path], list[Path]] = ([], [], [])
 _degraded: list[dict[str, Any]] = []
 
 
-def hide(hidden: Iterable[Path | str | None], visible: Iterable[Path | str | None]) -> None:
-    """Ask for `hidden` to be covered in the provider's mount namespace, `visible` kept (PROTOCOL §9).
-    Called once, before the first provider starts (the prefix is chosen then)."""
+def hide(
+    hidden: Iterable[Path | str | None],
+    visible: Iterable[Path | str | None],
+    scratch: Iterable[Path | str | None] = (),
+) -> None:
+    """Ask for `hidden` (read-only) and `scratch` (writable) to be covered in the provider's mount
+    namespace, `visible` kept (PROTOCOL §9; driver/hiding.py). Called once, before the first
+    provider starts (the prefix is chosen then)."""
     global _private
-    _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p])
+    _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p], [Path(p) for p in scratch if p])
 
 
 def take_degraded() -> list[dict[str, Any]]:
@@ -81,10 +86,10 @@ def _with_mounts(prefix: list[str]) -> list[str]:
     """`prefix` with the hiding mounts before its `--`; reports what stays visible."""
     from driver import hiding
 
-    hidden, visible = _private
+    hidden, visible, scratch = _private
     if not hidden:
         return prefix
-    plan = hiding.plan(hidden, visible)
+    plan = hiding.plan(hidden, visible, scratch)
     mounted = prefix
     if plan.args:
         cut = prefix.index("--")
@@ -99,7 +104,8 @@ def _with_mounts(prefix: list[str]) -> list[str]:
 
 
 def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None = None) -> None:
-    hidden, _ = _private
+    hidden, _, scratch = _private
+    hidden = [*hidden, *scratch]
     if not hidden:
         return  # nothing was asked to be hidden (benchmarks, unit tests): nothing is degraded
     visible = items if items is not None else [{"path": str(p), "reason": reason} for p in hidden]

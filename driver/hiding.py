@@ -1,7 +1,8 @@
 """What the provider tree must not see (PROTOCOL §9), as bwrap mount arguments.
 
 The provider and everything it starts run in the mount namespace `driver.containment` creates. In it,
-each hidden folder (`state_dir/driver/`, the boot payload's folder) is covered by an empty tmpfs, and
+each hidden folder (`state_dir/driver/`; the boot payload's folder, as "scratch": writable) is covered
+by an empty tmpfs, and
 each visible folder that lies inside a hidden one (`state_dir` and `cwd` inside the boot folder, the
 driver's own runtime) is bound back over it. Covering the folder rather than listing its files also
 hides what the driver writes there later (the journal's WAL, new records, the next boot payload).
@@ -44,13 +45,20 @@ def _resolved(paths: Iterable[str | Path | None]) -> list[Path]:
     return out
 
 
-def plan(hidden: Iterable[str | Path | None], visible: Iterable[str | Path | None]) -> Plan:
-    """The mounts that hide `hidden` and keep every `visible` path inside them reachable."""
+def plan(
+    hidden: Iterable[str | Path | None],
+    visible: Iterable[str | Path | None],
+    scratch: Iterable[str | Path | None] = (),
+) -> Plan:
+    """The mounts that hide `hidden` (read-only covers) and `scratch` (writable covers: a boot folder
+    may be `/tmp`, where the provider's tools must still write their temporary files, then lost),
+    and keep every `visible` path inside them reachable."""
     shown = _resolved(visible)
+    writable = _resolved(scratch)
     ops: list[tuple[int, int, list[str]]] = []
     covered: list[Path] = []
     result = Plan()
-    for h in _resolved(hidden):
+    for h in _resolved([*hidden, *writable]):
         if not h.exists():
             continue
         reason = None
@@ -77,6 +85,6 @@ def plan(hidden: Iterable[str | Path | None], visible: Iterable[str | Path | Non
     # Last, once every mount point inside them exists: the covers are read-only, so a tool that
     # "edits the journal" gets EROFS instead of writing a decoy it could mistake for the real one.
     for h in covered:
-        if h.is_dir():
+        if h.is_dir() and h not in writable:
             result.args.extend(["--remount-ro", str(h)])
     return result

@@ -37,7 +37,7 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 
 def test_plan_covers_deepest_last_and_binds_the_visible_back(tmp_path: Path) -> None:
     p = layout(tmp_path)
-    plan = hiding.plan([p["driver"], p["state"] / "driver.lock", p["boot"]], [p["state"], p["cwd"]])
+    plan = hiding.plan([p["driver"], p["state"] / "driver.lock"], [p["state"], p["cwd"]], [p["boot"]])
     assert plan.not_hidden == []
     a = plan.args
     # The boot folder is covered first, cwd bound back into it, then state_dir/driver covered inside.
@@ -45,7 +45,8 @@ def test_plan_covers_deepest_last_and_binds_the_visible_back(tmp_path: Path) -> 
     assert ["--ro-bind", os.devnull, str(p["state"] / "driver.lock")] == a[
         a.index("--ro-bind") : a.index("--ro-bind") + 3
     ]
-    assert a[-4:] == ["--remount-ro", str(p["driver"]), "--remount-ro", str(p["boot"])]
+    # Only the driver's folder is read-only; the boot folder's cover takes a tool's scratch files.
+    assert a[-2:] == ["--remount-ro", str(p["driver"])] and a.count("--remount-ro") == 1
 
 
 def test_a_folder_that_is_also_visible_or_the_root_is_not_hidden_and_said_so(tmp_path: Path) -> None:
@@ -59,6 +60,7 @@ PROBE = (
     'for f in "$D/journal.sqlite3" "$S/driver.lock" "$B/next.boot.json"; do '
     'if [ -s "$f" ] && cat "$f" >/dev/null 2>&1; then echo "read $f"; else echo "hidden $f"; fi; done; '
     'echo x > "$D/journal.sqlite3" 2>/dev/null && echo "wrote journal"; '
+    'echo scratch > "$B/tmpfile" && echo "wrote scratch"; '
     'cat "$S/providers/home.txt"; echo; cat "$C/work.txt"; echo'
 )
 
@@ -78,7 +80,7 @@ def test_bwrap_hides_the_driver_state_and_keeps_the_work(
     if uid is not None:
         for path in [tmp_path, *tmp_path.rglob("*")]:
             os.chown(path, uid, uid)
-    plan = hiding.plan([p["driver"], p["state"] / "driver.lock", p["boot"]], [p["state"], p["cwd"]])
+    plan = hiding.plan([p["driver"], p["state"] / "driver.lock"], [p["state"], p["cwd"]], [p["boot"]])
     switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     env = {"D": str(p["driver"]), "S": str(p["state"]), "B": str(p["boot"]), "C": str(p["cwd"]), "PATH": os.defpath}
     out = subprocess.run(
@@ -96,5 +98,6 @@ def test_bwrap_hides_the_driver_state_and_keeps_the_work(
         f"hidden {p['boot']}/next.boot.json",
     ]
     assert "wrote journal" not in lines
-    assert lines[3:] == ["provider home", "work"]
+    assert lines[3:] == ["wrote scratch", "provider home", "work"]
     assert (p["driver"] / "journal.sqlite3").read_text() == "journal"  # outside, untouched
+    assert not (p["boot"] / "tmpfile").exists()  # the scratch file went to the cover, then away

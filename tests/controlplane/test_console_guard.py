@@ -66,12 +66,19 @@ def test_the_login_form_is_form_encoded_but_same_origin() -> None:
     assert refusal(parts=["login"], cookie=False, host=OWN["host"], origin="http://127.0.0.1:1", **form)
 
 
-def test_sessions_are_random_and_only_issued_ones_are_valid() -> None:
-    sessions = Sessions()
-    a, b = sessions.issue(), sessions.issue()
-    assert a != b and len(a) >= 40
-    assert sessions.valid(a) and sessions.valid(b)
-    assert not sessions.valid("forged") and not sessions.valid(None) and not sessions.valid("")
+def test_sessions_are_random_bound_to_the_port_and_only_issued_ones_are_valid() -> None:
+    sessions = Sessions("console-token-abc")
+    a, b = sessions.issue(PORT), sessions.issue(PORT)
+    assert a != b and len(a) >= 40 and "console-token-abc" not in a
+    assert sessions.valid(a, PORT) and sessions.valid(b, PORT)
+    assert not sessions.valid(a, PORT + 1)  # another console's port
+    assert Sessions("console-token-abc").valid(a, PORT)  # a restart with the same token keeps it
+    assert not Sessions("another-token").valid(a, PORT)
+    issued, nonce, mac = a.split(".")
+    assert not sessions.valid(f"{issued}.{nonce}x.{mac}", PORT)  # not issued: the MAC fails
+    assert not sessions.valid(f"1.{nonce}.{mac}", PORT)
+    for junk in ("forged", None, "", "a.b", "a.b.c.d", "console-token-abc"):
+        assert not sessions.valid(junk, PORT)
 
 
 def test_a_login_code_works_once() -> None:

@@ -58,7 +58,7 @@ class Console:
         self.views = InstanceViews(cp, self.queries)
         self.uploads = config.uploads_dir or cp.db_path.with_name(cp.db_path.name + ".uploads")
         self._streams: set[InstanceStream] = set()
-        self.sessions = Sessions()
+        self.sessions = Sessions(config.token)
         self.codes = LoginCodes()
         self.port = 0  # set once the port is bound (bind_port): the cookie's name and the Origin need it
 
@@ -74,7 +74,7 @@ class Console:
         return f"{http_url}/?login={self.codes.mint()}"
 
     def has_session(self, request: Request) -> bool:
-        return self.sessions.valid(cookie(request.headers, self.cookie))
+        return self.sessions.valid(cookie(request.headers, self.cookie), self.port)
 
     def authorized(self, request: Request) -> bool:
         return has_bearer_token(self.config.token, request.headers) or self.has_session(request)
@@ -169,7 +169,7 @@ class Console:
             await self._login_page(writer, HTTPStatus.UNAUTHORIZED, "That is not the console token.")
 
     async def _start_session(self, writer: asyncio.StreamWriter) -> None:
-        cookie_header = session_cookie(self.cookie, self.sessions.issue())
+        cookie_header = session_cookie(self.cookie, self.sessions.issue(self.port))
         await respond(writer, HTTPStatus.SEE_OTHER, b"", HTML, {"Location": "/", "Set-Cookie": cookie_header})
 
     async def _login_page(self, writer: asyncio.StreamWriter, status: int, message: str) -> None:
