@@ -82,25 +82,25 @@ def _probe(prefix: list[str]) -> bool:
         return False
 
 
-def _with_mounts(prefix: list[str]) -> list[str]:
-    """`prefix` with the hiding mounts before its `--`; reports what stays visible."""
+def _with_mounts(prefix: list[str]) -> list[str] | None:
+    """`prefix` with the hiding mounts before its `--`, probed; reports what stays visible. One probe
+    when the mounts work (the usual case); the bare prefix is probed only when they do not."""
     from driver import hiding
 
     hidden, visible, scratch = _private
-    if not hidden:
-        return prefix
-    plan = hiding.plan(hidden, visible, scratch)
-    mounted = prefix
-    if plan.args:
+    plan = hiding.plan(hidden, visible, scratch) if hidden else hiding.Plan()
+    if not plan.args:
+        chosen = prefix if _probe(prefix) else None
+    else:
         cut = prefix.index("--")
-        candidate = [*prefix[:cut], *plan.args, *prefix[cut:]]
-        if not _probe(candidate):
-            _report_degraded("bwrap refused the mounts that hide them", "pidns")
-            return prefix
-        mounted = candidate
-    if plan.not_hidden:
+        chosen = [*prefix[:cut], *plan.args, *prefix[cut:]]
+        if not _probe(chosen):
+            chosen = prefix if _probe(prefix) else None
+            if chosen is not None:  # a PID namespace, but no mounts: keep it, say what is visible
+                _report_degraded("bwrap refused the mounts that hide them", "pidns")
+    if chosen is not None and plan.not_hidden:
         _report_degraded("some cannot be hidden", "pidns", plan.not_hidden)
-    return mounted
+    return chosen
 
 
 def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None = None) -> None:
@@ -154,7 +154,7 @@ def _pidns_prefix() -> list[str] | None:
         f'exec 3<&0; {shlex.quote(env)} --default-signal=TERM "$@" <&3 3<&- & wait $!',
         "sh",
     ]
-    return _with_mounts(prefix) if _probe(prefix) else None
+    return _with_mounts(prefix)
 
 
 def _subreaper_prefix() -> list[str]:

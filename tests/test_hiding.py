@@ -101,3 +101,25 @@ def test_bwrap_hides_the_driver_state_and_keeps_the_work(
     assert lines[3:] == ["wrote scratch", "provider home", "work"]
     assert (p["driver"] / "journal.sqlite3").read_text() == "journal"  # outside, untouched
     assert not (p["boot"] / "tmpfile").exists()  # the scratch file went to the cover, then away
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+def test_mounts_bwrap_refuses_keep_the_pid_namespace_and_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from driver import containment
+
+    (tmp_path / "driver").mkdir()
+    monkeypatch.setattr(containment, "_private", ([tmp_path / "driver"], [], []))
+    monkeypatch.setattr(containment, "_degraded", [])
+    refused = hiding.Plan(args=["--bind", str(tmp_path / "missing"), str(tmp_path / "driver")], hidden=["x"])
+    monkeypatch.setattr(hiding, "plan", lambda *_: refused)
+    base = ["bwrap", "--unshare-pid", "--dev-bind", "/", "/", "--"]
+    assert containment._with_mounts(base) == base  # the namespace without the mounts
+    (report,) = containment.take_degraded()
+    assert report["code"] == "containment.degraded" and "refused the mounts" in report["message"]
+    assert report["details"] == {
+        "mode": "pidns",
+        "visible": [{"path": str(tmp_path / "driver"), "reason": report["details"]["visible"][0]["reason"]}],
+    }
+    assert containment.take_degraded() == []  # once
