@@ -77,7 +77,9 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
     containment.track(Path(payload.session.state_dir))
-    containment.hide(*_private_paths(payload, Path(boot_path)))
+    from driver.hiding import private_paths
+
+    containment.hide(*private_paths(payload, Path(boot_path)))
     import anyio
 
     from driver.kernel import Kernel
@@ -91,35 +93,6 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         return anyio.run(kernel.serve)
     finally:
         lock.release()
-
-
-def _private_paths(payload: Any, boot_path: Any) -> tuple[list[Any], list[Any], list[Any]]:
-    """PROTOCOL §9: the provider tree must not see `state_dir/driver/` (journal, records, markers),
-    the lock, nor the boot payload's folder. What it works in (`state_dir` itself, whose `providers/`
-    is the provider's home, `cwd`, the other roots) and the runtime it runs from stay visible, also
-    when they lie inside the boot folder. Returns (hidden, visible, hidden but writable: the boot
-    folder, which may be `/tmp`)."""
-    import sys
-    from pathlib import Path
-
-    from driver.kernel.options import project_root
-    from driver.statelock import LOCK_NAME
-
-    session = payload.session
-    state_dir = Path(session.state_dir)
-    (state_dir / "driver").mkdir(parents=True, exist_ok=True, mode=0o700)  # covered: it must exist
-    (state_dir / "providers").mkdir(parents=True, exist_ok=True, mode=0o700)
-    visible = [
-        state_dir,
-        session.cwd,
-        session.memory_dir,
-        *session.additional_directories,
-        sys.prefix,
-        sys.base_prefix,
-        Path(__file__).resolve().parent,
-        project_root(),
-    ]
-    return [state_dir / "driver", state_dir / LOCK_NAME], visible, [boot_path.parent]
 
 
 def _lab_module(name: str) -> Any:

@@ -20,9 +20,14 @@ Pure: paths in, arguments out (`os.path` lookups only); nothing here starts a pr
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from driver.protocol.boot import BootPayload, ExecutionConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +93,41 @@ def plan(
         if h.is_dir() and h not in writable:
             result.args.extend(["--remount-ro", str(h)])
     return result
+
+
+def private_paths(payload: BootPayload, boot_path: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """(hidden, visible, scratch) for a boot payload (PROTOCOL §9): the provider tree must not see
+    `state_dir/driver/` nor the lock (hidden, read-only), nor the boot payload's folder (scratch: a
+    writable cover, it may be `/tmp`). What it works in stays visible, also inside the boot folder:
+    `state_dir` itself (its `providers/` is the provider's home), `cwd`, the other roots, the
+    driver's own runtime, and every existing absolute path the execution names for the provider
+    (an ACP agent's command or `CODEX_HOME`, an MCP server's script, `TMPDIR`)."""
+    from driver.kernel.options import project_root
+    from driver.statelock import LOCK_NAME
+
+    session = payload.session
+    state_dir = Path(session.state_dir)
+    # Covered or bound back: each must exist first (bwrap would create a missing mount point).
+    (state_dir / "driver").mkdir(parents=True, exist_ok=True, mode=0o700)
+    (state_dir / "providers").mkdir(parents=True, exist_ok=True, mode=0o700)
+    visible = [
+        state_dir,
+        Path(session.cwd),
+        *(Path(p) for p in [session.memory_dir, *session.additional_directories] if p),
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(__file__).resolve().parent,
+        project_root(),
+        *_named_paths(payload.execution),
+    ]
+    return [state_dir / "driver", state_dir / LOCK_NAME], visible, [boot_path.parent]
+
+
+def _named_paths(execution: ExecutionConfig) -> list[Path]:
+    values = [*execution.environment.values()]
+    if execution.acp is not None:
+        values += [*execution.acp.command, *execution.acp.env.values()]
+    for server in execution.mcp_servers:
+        values += [*server.command, *server.env.values()]
+    # Only what looks like a path and exists: a value is often a secret, never mounted as one.
+    return [Path(v) for v in values if v.startswith("/") and "\n" not in v and os.path.exists(v)]

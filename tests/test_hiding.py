@@ -123,3 +123,34 @@ def test_mounts_bwrap_refuses_keep_the_pid_namespace_and_are_reported(
         "visible": [{"path": str(tmp_path / "driver"), "reason": report["details"]["visible"][0]["reason"]}],
     }
     assert containment.take_degraded() == []  # once
+
+
+def test_what_the_execution_names_for_the_provider_stays_visible_inside_the_boot_folder(tmp_path: Path) -> None:
+    import msgspec
+
+    from driver.protocol.boot import BootPayload
+
+    boot_dir = tmp_path / "session"
+    (boot_dir / "codex-home").mkdir(parents=True)
+    (boot_dir / "tmp").mkdir()
+    payload = msgspec.convert(
+        {
+            "protocol": 1,
+            "driver_instance_id": "drv-1",
+            "control": {"url": "ws://127.0.0.1:1/driver", "token": "t" * 20},
+            "session": {"id": "s", "agent_id": "a", "kind": "cattle", "cwd": str(tmp_path / "cwd"),
+                        "state_dir": str(boot_dir / "state")},
+            "execution": {"revision": "r", "runtime": "acp", "environment": {"KEY": "sk-secret", "ROOTISH": "/nope/x"},
+                          "acp": {"command": ["codex-acp"], "env": {"CODEX_HOME": str(boot_dir / "codex-home"),
+                                                                    "TMPDIR": str(boot_dir / "tmp")}}},
+        },
+        BootPayload,
+    )  # fmt: skip
+    hidden, visible, scratch = hiding.private_paths(payload, boot_dir / "boot.json")
+    assert scratch == [boot_dir] and hidden[0] == boot_dir / "state" / "driver"
+    assert boot_dir / "codex-home" in visible and boot_dir / "tmp" in visible
+    assert Path("sk-secret") not in visible and Path("/nope/x") not in visible  # not paths, or missing
+    plan = hiding.plan(hidden, visible, scratch)
+    home = str((boot_dir / "codex-home").resolve())
+    i = plan.args.index(home)
+    assert plan.args[i - 1 : i + 2] == ["--bind", home, home]  # bound back into the covered boot folder
