@@ -53,7 +53,8 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     logs.configure(args.log_level, uplink=True)
     try:
-        payload = boot_mod.load(args.boot_file)
+        boot_path = boot_mod.resolve_boot_path(args.boot_file)
+        payload = boot_mod.read_boot_payload(boot_path)
     except boot_mod.BootError as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -79,6 +80,9 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
     containment.track(Path(payload.session.state_dir))
+    from driver.hiding import private_paths
+
+    containment.hide(*private_paths(payload, Path(boot_path)))
     import anyio
 
     from driver.kernel import Kernel

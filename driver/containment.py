@@ -34,6 +34,7 @@ import subprocess
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -48,6 +49,76 @@ RECORD_NAME = "processes.json"
 _prefix: list[str] | None = None
 _prefix_lock = threading.Lock()
 _record: ProcessRecord | None = None
+# What the provider tree must not see and what it must (driver.hiding), set by `hide` before the
+# first provider starts; the mount plan is made with the prefix, once.
+_private: tuple[list[Path], list[Path], list[Path]] = ([], [], [])
+_degraded: list[dict[str, Any]] = []
+
+
+def hide(
+    hidden: Iterable[Path | str | None],
+    visible: Iterable[Path | str | None],
+    scratch: Iterable[Path | str | None] = (),
+) -> None:
+    """Ask for `hidden` (read-only) and `scratch` (writable) to be covered in the provider's mount
+    namespace, `visible` kept (PROTOCOL §9; driver/hiding.py). Called once, before the first
+    provider starts (the prefix is chosen then)."""
+    global _private
+    _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p], [Path(p) for p in scratch if p])
+
+
+def take_degraded() -> list[dict[str, Any]]:
+    """The `containment.degraded` diagnostics' payloads, once: what is not hidden, and why."""
+    out = list(_degraded)
+    _degraded.clear()
+    return out
+
+
+def _probe(prefix: list[str]) -> bool:
+    # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
+    try:
+        return subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _with_mounts(prefix: list[str]) -> list[str] | None:
+    """`prefix` with the hiding mounts before its `--`, probed; reports what stays visible. One probe
+    when the mounts work (the usual case); the bare prefix is probed only when they do not."""
+    from driver import hiding
+
+    hidden, visible, scratch = _private
+    plan = hiding.plan(hidden, visible, scratch) if hidden else hiding.Plan()
+    if not plan.args:
+        chosen = prefix if _probe(prefix) else None
+    else:
+        cut = prefix.index("--")
+        chosen = [*prefix[:cut], *plan.args, *prefix[cut:]]
+        if not _probe(chosen):
+            chosen = prefix if _probe(prefix) else None
+            if chosen is not None:  # a PID namespace, but no mounts: keep it, say what is visible
+                _report_degraded("bwrap refused the mounts that hide them", "pidns")
+    if chosen is not None and plan.not_hidden:
+        _report_degraded("some cannot be hidden", "pidns", plan.not_hidden)
+    return chosen
+
+
+def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None = None) -> None:
+    hidden, _, scratch = _private
+    hidden = [*hidden, *scratch]
+    if not hidden:
+        return  # nothing was asked to be hidden (benchmarks, unit tests): nothing is degraded
+    visible = items if items is not None else [{"path": str(p), "reason": reason} for p in hidden]
+    _degraded.append(
+        {
+            "code": "containment.degraded",
+            "severity": "warning",
+            "message": f"the provider's tools can see some of the driver's files ({reason}); journal rows "
+            "stay authenticated and the ports still refuse them",
+            "details": {"mode": mode, "visible": visible},
+        }
+    )
+    log.warning("containment.degraded", reason=reason, mode=mode, visible=[i["path"] for i in visible])
 
 
 def _pidns_prefix() -> list[str] | None:
@@ -83,12 +154,7 @@ def _pidns_prefix() -> list[str] | None:
         f'exec 3<&0; {shlex.quote(env)} --default-signal=TERM "$@" <&3 3<&- & wait $!',
         "sh",
     ]
-    # One probe per process (about 4 ms): a container that forbids namespaces makes bwrap fail here.
-    try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return prefix if ok else None
+    return _with_mounts(prefix)
 
 
 def _subreaper_prefix() -> list[str]:
@@ -119,6 +185,8 @@ def prefix() -> list[str]:
             if chosen is None and mode == "pdeathsig":
                 chosen = _pdeathsig_prefix()
             _prefix = chosen or []
+            if mode_of(_prefix) != "pidns":
+                _report_degraded("no mount namespace is allowed here", mode_of(_prefix))
             log.info("containment.mode", mode=mode_of(_prefix))
         return list(_prefix)
 

@@ -65,6 +65,9 @@ class FilePort(Protocol):
     def admit(self, path: str | Path) -> Path:
         """Resolve `path` (relative to cwd) and return it if inside an allowed root; else PathNotAllowed."""
 
+    def check_opened(self, fd: int) -> None:
+        """PathNotAllowed when the open file is one of the driver's own (reached by a hard link)."""
+
 
 class PathNotAllowed(PermissionError):
     pass

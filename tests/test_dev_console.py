@@ -71,11 +71,11 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
     try:
         line = await screen.line_with("console (web, in step with this chat): ", 60)
         url = line.rsplit(" ", 1)[1]
-        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        assert url.startswith("http://127.0.0.1:") and "/?login=" in url  # a one-time code, not the token
         await screen.wait_for("[driver] ready", 120)
         browser = await asyncio.to_thread(chromium, tmp_path / "profile", tmp_path / "downloads")
         await asyncio.to_thread(browser.get, url)  # the login link: sets the cookie, lands on the page
-        await asyncio.to_thread(_wait, browser, lambda b: "token=" not in b.current_url, "the redirect to /")
+        await asyncio.to_thread(_wait, browser, lambda b: "login=" not in b.current_url, "the redirect to /")
         await asyncio.to_thread(
             _wait, browser, lambda b: b.find_elements("css selector", '#link-state[data-link="connected"]'), "connected"
         )

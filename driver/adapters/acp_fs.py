@@ -43,13 +43,23 @@ def admit(files: FilePort, path: str) -> Path:
         raise JsonRpcError(m.INVALID_PARAMS, f"access denied: {exc}") from None
 
 
-def _read(path: Path, line: int | None, limit: int | None) -> str:
+def _checked(files: FilePort, fd: int) -> None:
+    """The driver's own files, reached by a hard link, are refused like their paths (PROTOCOL §9)."""
+    try:
+        files.check_opened(fd)
+    except PathNotAllowed as exc:
+        os.close(fd)
+        raise JsonRpcError(m.INVALID_PARAMS, f"access denied: {exc}") from None
+
+
+def _read(files: FilePort, path: Path, line: int | None, limit: int | None) -> str:
     try:
         fd = open_admitted(path, os.O_RDONLY)
     except FileNotFoundError:
         raise JsonRpcError(m.RESOURCE_NOT_FOUND, f"file not found: {path}") from None
     except OSError as exc:
         raise JsonRpcError(m.INVALID_PARAMS, f"cannot read {path}: {_reason(exc)}") from None
+    _checked(files, fd)
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise JsonRpcError(m.INVALID_PARAMS, f"not a regular file: {path}")
@@ -65,7 +75,7 @@ def _read(path: Path, line: int | None, limit: int | None) -> str:
     return "".join(lines[start:end])
 
 
-def _write(path: Path, content: str) -> WriteResult:
+def _write(files: FilePort, path: Path, content: str) -> WriteResult:
     data = content.encode("utf-8")
     try:
         fd = open_admitted(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_parents=True)
@@ -73,8 +83,16 @@ def _write(path: Path, content: str) -> WriteResult:
     except FileExistsError:
         created = False
         try:
-            fd = open_admitted(path, os.O_WRONLY | os.O_TRUNC)
+            # Not O_TRUNC: the open file is judged first (a hard link to the journal must not be
+            # emptied by the very open that finds it out), then truncated.
+            fd = open_admitted(path, os.O_WRONLY)
         except OSError as exc:
+            raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
+        _checked(files, fd)
+        try:
+            os.ftruncate(fd, 0)
+        except OSError as exc:
+            os.close(fd)
             raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     except OSError as exc:
         raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
@@ -93,12 +111,12 @@ def _reason(exc: OSError) -> str:
 
 async def read_text_file(files: FilePort, params: m.ReadTextFileParams) -> str:
     path = admit(files, params.path)
-    return await anyio.to_thread.run_sync(_read, path, params.line, params.limit)
+    return await anyio.to_thread.run_sync(_read, files, path, params.line, params.limit)
 
 
 async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> WriteResult:
     path = admit(files, params.path)
-    return await anyio.to_thread.run_sync(_write, path, params.content)
+    return await anyio.to_thread.run_sync(_write, files, path, params.content)
 
 
 def sha256_of(path: Path) -> str | None:

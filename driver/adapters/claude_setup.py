@@ -18,11 +18,11 @@ from driver.adapters.base import AdapterConfig, HostToolPort
 from driver.adapters.claude_options import (
     RESERVED_OPTIONS,
     bundled_cli,
+    launch_command,
     mcp_servers,
     mcp_stdio_environment,
     provider_environment,
     system_prompt,
-    write_launcher,
 )
 
 
@@ -112,9 +112,12 @@ def client_options(
         else:
             problems.append(f"provider_options.{key} is not a usable ClaudeAgentOptions field")
     cli = kwargs.pop("cli_path", None) or bundled_cli()  # provider_options may name another CLI
-    launcher = write_launcher(config.state_dir, cli, env.keys(), os.environ) if cli else None
-    if launcher is not None:
+    driver_dir = Path(config.session.state_dir) / "driver"
+    launch = launch_command(cli, env.keys(), os.environ, driver_dir) if cli else None
+    if launch is not None:
+        launcher, launch_env = launch
         kwargs["cli_path"] = str(launcher)
+        env.update(launch_env)  # read by the launcher, dropped before the CLI starts
     elif cli is not None:
         kwargs["cli_path"] = str(cli)
-    return sdk.ClaudeAgentOptions(**kwargs), problems, launcher is not None
+    return sdk.ClaudeAgentOptions(**kwargs), problems, launch is not None

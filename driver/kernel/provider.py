@@ -29,6 +29,7 @@ from driver import logs
 from driver.adapters.base import Adapter, AdapterConfig, ProviderError
 from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import provider_env
+from driver.interfaces import PathNotAllowed
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
@@ -267,9 +268,10 @@ class ProviderRoom:
         cwd = Path(k.boot.session.cwd)
         for skill in k.boot.execution.skills:
             try:
+                k.files.admit_tree(cwd / skill.mount_path)  # never over the driver's own state (§9)
                 installed = await skills.install(skill, cwd)
                 log.info("skill.installed", name=skill.name, path=str(installed.path))
-            except skills.SkillError as exc:
+            except (skills.SkillError, PathNotAllowed) as exc:
                 await k.emit(
                     "diagnostic.reported",
                     {
@@ -280,11 +282,20 @@ class ProviderRoom:
                     },
                 )
 
+    async def report_containment(self) -> None:
+        """PROTOCOL §9: once at start, what the provider tree can see that it should not."""
+        from driver import containment
+
+        await anyio.to_thread.run_sync(containment.prefix)  # chosen by now, unless no provider started
+        for payload in containment.take_degraded():
+            await self.k.emit("diagnostic.reported", payload)
+
     async def boot(self) -> None:
         """Install skills, start the provider, then report `driver.started`."""
         k = self.k
         await self.install_skills()
         await k.supervisor.boot()
+        await self.report_containment()
         start_ms = k.supervisor.start_ms
         timings = {
             "boot_ms": round((time.monotonic() - k.started_monotonic) * 1000, 1),

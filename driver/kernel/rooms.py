@@ -15,7 +15,7 @@ from driver.kernel.commands import CommandDesk
 from driver.kernel.lifecycle import Lifecycle
 from driver.kernel.provider import ProviderRoom
 from driver.kernel.runpath import RunPath
-from driver.ports.files import AllowedRoots
+from driver.ports.files import AllowedRoots, driver_private
 from driver.ports.host_tools import HostToolBroker
 from driver.ports.permissions import PermissionBroker
 from driver.supervision import CrashWindow
@@ -43,7 +43,7 @@ def assemble(k: Kernel) -> None:
         timeout_s=ex.host_tool_timeout_ms / 1000.0,
     )
     roots = [boot.session.memory_dir, *boot.session.additional_directories]
-    k.files = AllowedRoots(boot.session.cwd, roots)
+    k.files = AllowedRoots(boot.session.cwd, roots, private=driver_private(boot.session.state_dir))
     k.ports = Ports(k, k.permissions, k.host_tools, k.files)
     k.commands = CommandDesk(k)
     k.runs = RunPath(k)

@@ -269,7 +269,8 @@ class RunPath:
 
     async def report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
         try:
-            changed = await anyio.to_thread.run_sync(artifacts.changed_outputs, cwd, before)
+            private = await anyio.to_thread.run_sync(self.k.files.private_inodes)
+            changed = await anyio.to_thread.run_sync(artifacts.changed_outputs, cwd, before, private)
         except OSError as exc:
             log.warning("artifacts.scan_failed", error=str(exc))
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -48,11 +49,13 @@ async def download_attachments(cwd: Path, attachments: list[Attachment]) -> list
     return done
 
 
-def snapshot_outputs(cwd: Path) -> dict[str, FileState]:
-    """Size and mtime of every regular file under `cwd/outputs/` (symlinks are not followed)."""
+def snapshot_outputs(cwd: Path, private: Set[tuple[int, int]] = frozenset()) -> dict[str, FileState]:
+    """Size and mtime of every regular file under `cwd/outputs/` (symlinks are not followed, not even
+    `outputs` itself). `private`: (device, inode) of the driver's own files, left out (PROTOCOL §9:
+    a hard link to the journal in outputs/ is not an artifact)."""
     root = cwd / "outputs"
     out: dict[str, FileState] = {}
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():
         return out
     for dirpath, _dirs, files in os.walk(root, followlinks=False):
         for name in files:
@@ -61,16 +64,18 @@ def snapshot_outputs(cwd: Path) -> dict[str, FileState]:
                 st = p.lstat()
             except OSError:
                 continue
-            if p.is_symlink() or not p.is_file():
+            if p.is_symlink() or not p.is_file() or (st.st_dev, st.st_ino) in private:
                 continue
             out[str(p.relative_to(cwd))] = FileState(st.st_size, st.st_mtime_ns)
     return out
 
 
-def changed_outputs(cwd: Path, before: dict[str, FileState]) -> list[tuple[str, int, str]]:
+def changed_outputs(
+    cwd: Path, before: dict[str, FileState], private: Set[tuple[int, int]] = frozenset()
+) -> list[tuple[str, int, str]]:
     """(path relative to cwd, size, sha256) of files under outputs/ that are new or changed since `before`."""
     result: list[tuple[str, int, str]] = []
-    for rel, state in sorted(snapshot_outputs(cwd).items()):
+    for rel, state in sorted(snapshot_outputs(cwd, private).items()):
         if before.get(rel) == state:
             continue
         digest = hashlib.sha256()

@@ -57,8 +57,9 @@ def viewport(browser: Any, width: int, height: int) -> None:
 class ControlPlaneProcess:
     """`agent-driver controlplane` in a process of its own; `start()` again restarts it on the same ports."""
 
-    def __init__(self, tmp: Path, token: str, instance: str, cwd: Path) -> None:
+    def __init__(self, tmp: Path, token: str, instance: str, cwd: Path, console_token_file: bool = True) -> None:
         self.tmp = tmp
+        self.with_console_token_file = console_token_file  # without: a one-time login link is printed
         self.token_file = tmp / "cp.token"
         self.token_file.write_text(token + "\n")
         self.token_file.chmod(0o600)
@@ -78,7 +79,7 @@ class ControlPlaneProcess:
             sys.executable, "-m", "driver.cli", "controlplane",
             "--db", str(self.tmp / "cp.sqlite3"),
             "--token-file", str(self.token_file),
-            "--console-token-file", str(self.console_token_file),
+            *(["--console-token-file", str(self.console_token_file)] if self.with_console_token_file else []),
             "--port", str(self.port),
             "--http-port", str(self.http_port),
             "--heartbeat-ms", "500",

@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 TOKEN = "test-token-0123456789"
 OTHER_TOKEN = "other-token-9876543210"
+OPERATOR_TOKEN = "operator-token-5555555555"  # the fault API's (PROTOCOL §9), no driver's
 INSTANCE = "drv-01TEST"
 TIMEOUT = 5.0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from agent_lab.controlplane import ControlPlane
 
-from tests.controlplane.client import INSTANCE, OTHER_TOKEN, TOKEN
+from tests.controlplane.client import INSTANCE, OPERATOR_TOKEN, OTHER_TOKEN, TOKEN
 
 
 @pytest.fixture
@@ -16,5 +16,6 @@ async def cp(tmp_path: Path) -> AsyncIterator[ControlPlane]:
         tokens={TOKEN: {INSTANCE, "drv-second"}, OTHER_TOKEN: None},
         heartbeat_interval_ms=5000,
         close_timeout_s=1.0,
+        operator_token=OPERATOR_TOKEN,
     ) as plane:
         yield plane

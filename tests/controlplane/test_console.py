@@ -5,6 +5,7 @@ The page itself is exercised in a real Chromium by tests/controlplane/test_conso
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import subprocess
@@ -57,7 +58,24 @@ async def request(cp: ControlPlane, method: str, path: str, body: bytes | None =
     )
 
 
-COOKIE = f"agent_driver_console={CONSOLE_TOKEN}"
+def origin(cp: ControlPlane) -> str:
+    assert cp.http_url is not None
+    return cp.http_url
+
+
+async def login(cp: ControlPlane) -> str:
+    """A session through the login form: the `Cookie` header value it sets."""
+    status, headers, _ = await request(
+        cp, "POST", "/login", f"token={CONSOLE_TOKEN}".encode(),
+        content_type="application/x-www-form-urlencoded", origin=origin(cp),
+    )  # fmt: skip
+    assert status == 303, status
+    return str(headers["Set-Cookie"].split(";")[0])
+
+
+@pytest.fixture
+async def cookie(cp: ControlPlane) -> str:
+    return await login(cp)
 
 
 def test_loopback_detection() -> None:
@@ -79,10 +97,29 @@ async def test_page_asks_for_a_login_and_the_login_sets_a_cookie(cp: ControlPlan
         cp, "POST", "/login", b"token=wrong-token", content_type="application/x-www-form-urlencoded"
     )
     assert status == 401 and b"not the console token" in page and b"wrong-token" not in page
-    status, headers, _ = await request(cp, "GET", f"/?token={CONSOLE_TOKEN}")
+    # The token in a URL logs nobody in (it would sit in the history); a login link carries a code.
+    status, headers, page = await request(cp, "GET", f"/?token={CONSOLE_TOKEN}")
+    assert status == 401 and "Set-Cookie" not in headers and b"one-time code" in page
+    link = cp.console_login_url()
+    assert link is not None and CONSOLE_TOKEN not in link
+    query = "/?" + link.partition("/?")[2]
+    status, headers, _ = await request(cp, "GET", query)
     assert status == 303 and headers["Location"] == "/"
-    assert headers["Set-Cookie"].startswith(COOKIE) and "HttpOnly" in headers["Set-Cookie"]
-    status, headers, page = await request(cp, "GET", "/", cookie=COOKIE)
+    set_cookie = headers["Set-Cookie"]
+    assert cp.http_url is not None
+    port = cp.http_url.rsplit(":", 1)[1]
+    name, _, value = set_cookie.split(";")[0].partition("=")
+    assert name == f"agent_driver_console_{port}"  # bound to this console's port
+    assert CONSOLE_TOKEN not in value and len(value) >= 40  # random, not the token
+    assert "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
+    cookie = f"{name}={value}"
+    # The link works once.
+    status, headers, page = await request(cp, "GET", query)
+    assert status == 401 and "Set-Cookie" not in headers and b"used already" in page
+    # A cookie the console did not issue (e.g. the token itself) is no session.
+    forged = f"{name}={CONSOLE_TOKEN}"
+    assert (await request(cp, "GET", "/console/instances", cookie=forged))[0] == 401
+    status, headers, page = await request(cp, "GET", "/", cookie=cookie)
     assert status == 200 and b"/static/console.js" in page
     assert "default-src 'self'" in headers["Content-Security-Policy"]
     status, _, script = await request(cp, "GET", "/static/console.js")
@@ -90,14 +127,15 @@ async def test_page_asks_for_a_login_and_the_login_sets_a_cookie(cp: ControlPlan
     assert (await request(cp, "GET", "/static/../server.py"))[0] == 404
 
 
-async def test_console_routes_need_the_token_and_the_api_accepts_it(cp: ControlPlane) -> None:
+async def test_console_routes_need_the_token_and_the_api_accepts_it(cp: ControlPlane, cookie: str) -> None:
     status, _, body = await request(cp, "GET", "/console/instances")
     assert status == 401 and b"log in" in body
     status, _, body = await request(cp, "GET", "/console/instances", authorization=f"Bearer {TOKEN}")
     assert status == 401  # the driver's token is not the console's
     status, _, body = await request(
-        cp, "POST", f"/api/instances/{INSTANCE}/commands", json.dumps({"kind": "session.reset"}).encode(), cookie=COOKIE
-    )
+        cp, "POST", f"/api/instances/{INSTANCE}/commands", json.dumps({"kind": "session.reset"}).encode(),
+        cookie=cookie, origin=origin(cp), content_type="application/json",
+    )  # fmt: skip
     assert status == 201
     assert [c["kind"] for c in cp.commands(INSTANCE)] == ["session.reset"]
     # On loopback the API keeps its own rule: health is open, other routes need a token.
@@ -105,7 +143,7 @@ async def test_console_routes_need_the_token_and_the_api_accepts_it(cp: ControlP
     assert (await request(cp, "GET", f"/api/instances/{INSTANCE}/events"))[0] == 401
 
 
-async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row(cp: ControlPlane) -> None:
+async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row(cp: ControlPlane, cookie: str) -> None:
     ws, _ = await handshake(cp.url)
     await send(ws, batch(1, [event(1), event(2, "message.delta")]))
     await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 2)
@@ -113,7 +151,7 @@ async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row
     assert cp.http_url is not None
     host, port = cp.http_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"GET /console/instances/{INSTANCE}/stream HTTP/1.1\r\nCookie: {COOKIE}\r\n\r\n".encode())
+    writer.write(f"GET /console/instances/{INSTANCE}/stream HTTP/1.1\r\nCookie: {cookie}\r\n\r\n".encode())
     await writer.drain()
 
     async def next_event() -> tuple[str, str | None, Any]:
@@ -151,7 +189,7 @@ async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row
 
     # A browser reconnecting with Last-Event-ID gets only what it missed.
     reader, writer = await asyncio.open_connection(host, int(port))
-    resume = f"Cookie: {COOKIE}\r\nLast-Event-ID: {second[1]}"
+    resume = f"Cookie: {cookie}\r\nLast-Event-ID: {second[1]}"
     writer.write(f"GET /console/instances/{INSTANCE}/stream HTTP/1.1\r\n{resume}\r\n\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     names = [(await next_event())[0] for _ in range(3)]
@@ -160,10 +198,18 @@ async def test_the_stream_sends_what_the_store_committed_and_resumes_after_a_row
     await ws.close()
 
 
-async def test_upload_becomes_an_attachment_the_driver_can_fetch(cp: ControlPlane) -> None:
+def upload_body(name: str, data: bytes) -> bytes:
+    return json.dumps({"name": name, "data_b64": base64.b64encode(data).decode()}).encode()
+
+
+async def test_upload_becomes_an_attachment_the_driver_can_fetch(cp: ControlPlane, cookie: str) -> None:
     data = b"attachment bytes\n" * 100
+    where = f"/console/instances/{INSTANCE}/uploads"
+    browser = {"cookie": cookie, "origin": origin(cp)}
+    status, _, body = await request(cp, "POST", where, upload_body("notes.txt", data), **browser)
+    assert status == 403 and b"JSON" in body  # the raw bytes (any Content-Type but JSON) are refused
     status, _, body = await request(
-        cp, "POST", f"/console/instances/{INSTANCE}/uploads?name=notes.txt", data, cookie=COOKIE
+        cp, "POST", where, upload_body("notes.txt", data), content_type="application/json", **browser
     )
     assert status == 201
     attachment = json.loads(body)
@@ -171,11 +217,15 @@ async def test_upload_becomes_an_attachment_the_driver_can_fetch(cp: ControlPlan
     assert cp.http_url is not None
     path = attachment["url"].removeprefix(cp.http_url)
     assert (await request(cp, "GET", path))[2] == data  # no token: the random path is the credential
-    status, _, body = await request(cp, "POST", f"/console/instances/{INSTANCE}/uploads?name=../x", b"x", cookie=COOKIE)
+    status, _, body = await request(
+        cp, "POST", where, upload_body("../x", b"x"), content_type="application/json", **browser
+    )
     assert status == 400 and b"plain file name" in body
 
 
-async def test_artifacts_are_served_only_while_their_hash_matches(cp: ControlPlane, tmp_path: Path) -> None:
+async def test_artifacts_are_served_only_while_their_hash_matches(
+    cp: ControlPlane, tmp_path: Path, cookie: str
+) -> None:
     content = b"report\n"
     (tmp_path / "cwd" / "outputs" / "report.txt").write_bytes(content)
     ws, _ = await handshake(cp.url)
@@ -187,13 +237,13 @@ async def test_artifacts_are_served_only_while_their_hash_matches(cp: ControlPla
     await send(ws, batch(1, [produced, escaping]))
     await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 2)
     url = f"/console/instances/{INSTANCE}/artifacts?event_id={produced['event_id']}"
-    status, headers, body = await request(cp, "GET", url, cookie=COOKIE)
+    status, headers, body = await request(cp, "GET", url, cookie=cookie)
     assert status == 200 and body == content and 'filename="report.txt"' in headers["Content-Disposition"]
     (tmp_path / "cwd" / "outputs" / "report.txt").write_bytes(b"changed")
-    status, _, body = await request(cp, "GET", url, cookie=COOKIE)
+    status, _, body = await request(cp, "GET", url, cookie=cookie)
     assert status == 409 and b"changed since" in body
     status, _, _ = await request(
-        cp, "GET", f"/console/instances/{INSTANCE}/artifacts?event_id={escaping['event_id']}", cookie=COOKIE
+        cp, "GET", f"/console/instances/{INSTANCE}/artifacts?event_id={escaping['event_id']}", cookie=cookie
     )
     assert status == 403
     await ws.close()
@@ -265,11 +315,12 @@ async def test_the_cli_prints_a_console_login_link_and_it_logs_in(tmp_path: Path
             while not (line := (await proc.stderr.readline()).decode()).startswith("console: "):
                 assert line, "the control plane exited before printing its console line"
         url = line.split()[1]
-        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        assert url.startswith("http://127.0.0.1:") and "/?login=" in url
         base, _, query = url.partition("/?")
         status, headers, _ = await asyncio.to_thread(_request, base, "GET", "/?" + query)
-        assert status == 303 and headers["Set-Cookie"].startswith("agent_driver_console=")
+        assert status == 303 and headers["Set-Cookie"].startswith("agent_driver_console_")
         cookie = headers["Set-Cookie"].split(";")[0]
+        assert (await asyncio.to_thread(_request, base, "GET", "/?" + query))[0] == 401  # once
         status, _, body = await asyncio.to_thread(_request, base, "GET", "/console/instances", None, {"Cookie": cookie})
         assert status == 200 and json.loads(body) == {"instances": []}
     finally:

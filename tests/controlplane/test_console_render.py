@@ -88,7 +88,7 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
     await send(ws, beat)
     await cp.wait_until(lambda: cp.last_heartbeat(INSTANCE) is not None)
     assert cp.http_url is not None
-    url = console_login_url(cp.http_url, CONSOLE_TOKEN, True)
+    url = console_login_url(cp, True)
 
     def look() -> dict[str, Any]:
         from selenium.webdriver.common.keys import Keys

@@ -204,13 +204,20 @@ def test_update_validates_and_is_all_or_nothing() -> None:
 
 
 async def test_faults_settable_over_http(cp: ControlPlane) -> None:
-    from tests.controlplane.client import http
+    from tests.controlplane.client import OPERATOR_TOKEN, OTHER_TOKEN, TOKEN, http
 
     assert cp.http_url is not None
-    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"withhold_receipts": True})
+    # A driver's token (even one for every instance) is not the operator's (PROTOCOL §9).
+    for driver_token in (TOKEN, OTHER_TOKEN):
+        for method, body in (("POST", {"withhold_receipts": True}), ("GET", None)):
+            status, _ = await asyncio.to_thread(http, cp.http_url, method, "/api/faults", body, driver_token)
+            assert status == 403
+    assert cp.faults.withhold_receipts is False
+    op = OPERATOR_TOKEN
+    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"withhold_receipts": True}, op)
     assert status == 200 and body["withhold_receipts"] is True
     assert cp.faults.withhold_receipts is True
-    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"bogus": 1})
+    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"bogus": 1}, op)
     assert status == 400 and "bogus" in body["error"]
-    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"reset": True})
+    status, body = await asyncio.to_thread(http, cp.http_url, "POST", "/api/faults", {"reset": True}, op)
     assert status == 200 and cp.faults == Faults()

@@ -12,6 +12,7 @@ from agent_lab.controlplane.cli import main as cli_main
 
 from tests.controlplane.client import (
     INSTANCE,
+    OPERATOR_TOKEN,
     OTHER_TOKEN,
     TOKEN,
     batch,
@@ -147,9 +148,14 @@ async def test_cli_send_input_start(cp: ControlPlane, token_file: Path, capsys: 
 
 async def test_cli_faults_and_events(cp: ControlPlane, token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--url", str(cp.http_url), "--token-file", str(token_file)]
-    assert await asyncio.to_thread(cli_main, ["faults", *base, "--set", "receipt_delay_ms=250"]) == 0
+    assert await asyncio.to_thread(cli_main, ["faults", *base, "--set", "receipt_delay_ms=250"]) == 1  # a driver's
+    assert cp.faults.receipt_delay_ms == 0
+    operator = token_file.with_name("operator.token")
+    operator.write_text(OPERATOR_TOKEN + "\n")
+    op = ["--url", str(cp.http_url), "--token-file", str(operator)]
+    assert await asyncio.to_thread(cli_main, ["faults", *op, "--set", "receipt_delay_ms=250"]) == 0
     assert cp.faults.receipt_delay_ms == 250
-    assert await asyncio.to_thread(cli_main, ["faults", *base, "--set", "bogus=1"]) == 1
+    assert await asyncio.to_thread(cli_main, ["faults", *op, "--set", "bogus=1"]) == 1
     capsys.readouterr()
     assert await asyncio.to_thread(cli_main, ["events", *base, "--instance", INSTANCE]) == 0
     assert printed_json(capsys.readouterr().out)["events"] == []

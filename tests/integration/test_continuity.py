@@ -88,7 +88,7 @@ async def test_driver_sigkill_leaves_no_codex_acp_process_nor_its_setsid_tool(
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
             # A long command with one part that leaves every group and session (setsid); it says
             # "up" through a FIFO once both parts exist (an event, not a poll).
-            fifo = tmp_path / "up.fifo"
+            fifo = tmp_path / "cwd" / "up.fifo"  # in cwd: the boot folder (tmp_path) is hidden from tools
             os.mkfifo(fifo)
             reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
             command = f"sh -c 'setsid sleep 307.5 & echo up > {fifo}; exec sleep 308.5'"

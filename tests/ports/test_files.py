@@ -34,7 +34,7 @@ def test_write_through_a_swapped_parent_is_refused(roots: AllowedRoots, tmp_path
     path = roots.admit("sub/new.txt")
     swap_for_link(tmp_path / "cwd" / "sub", tmp_path / "outside")
     with pytest.raises(JsonRpcError, match=r"symbolic link|not a directory"):
-        acp_fs._write(path, "escaped")
+        acp_fs._write(roots, path, "escaped")
     assert list((tmp_path / "outside").iterdir()) == []
 
 
@@ -42,7 +42,7 @@ def test_write_through_a_swapped_grandparent_is_refused(roots: AllowedRoots, tmp
     path = roots.admit("sub/deeper/new.txt")  # parents created on write
     swap_for_link(tmp_path / "cwd" / "sub", tmp_path / "outside")
     with pytest.raises(JsonRpcError):
-        acp_fs._write(path, "escaped")
+        acp_fs._write(roots, path, "escaped")
     assert list((tmp_path / "outside").iterdir()) == []
 
 
@@ -52,14 +52,14 @@ def test_read_through_a_swapped_parent_is_refused(roots: AllowedRoots, tmp_path:
     path = roots.admit("sub/secret.txt")
     swap_for_link(tmp_path / "cwd" / "sub", tmp_path / "outside")
     with pytest.raises(JsonRpcError):
-        acp_fs._read(path, None, None)
+        acp_fs._read(roots, path, None, None)
 
 
 def test_write_and_read_inside_the_roots_still_work(roots: AllowedRoots, tmp_path: Path) -> None:
     path = roots.admit("sub/a/b/c.txt")
-    result = acp_fs._write(path, "hello")
+    result = acp_fs._write(roots, path, "hello")
     assert result.created and (tmp_path / "cwd" / "sub" / "a" / "b" / "c.txt").read_text() == "hello"
-    assert acp_fs._read(path, None, None) == "hello"
+    assert acp_fs._read(roots, path, None, None) == "hello"
 
 
 def test_attachment_into_a_swapped_inputs_directory_is_refused(tmp_path: Path) -> None:

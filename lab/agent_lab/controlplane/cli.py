@@ -24,7 +24,8 @@ agent-driver controlplane events   --url ... --token-file ... --instance ID [--a
 agent-driver controlplane commands --url ... --token-file ... --instance ID
 agent-driver controlplane checkpoints --url ... --token-file ... --instance ID
     The instance's complete native checkpoints (PROTOCOL §8.1); `boot --resume-from ID` uses the last.
-agent-driver controlplane faults   --url ... --token-file ... [--set knob=value ...] [--reset]
+agent-driver controlplane faults   --url ... --token-file CONSOLE_TOKEN_FILE [--set knob=value ...] [--reset]
+    The fault API takes the operator's token (the console's), never a driver's.
 agent-driver controlplane terminate --url ... --token-file ... --instance ID
 agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
     Mint a one-time boot payload (mode 0600) pointing at the running control plane, with its token.
@@ -46,7 +47,10 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_lab.controlplane.server import ControlPlane
 
 import tenacity
 
@@ -149,9 +153,10 @@ def _artifact_roots(pairs: list[str]) -> dict[str, Path]:
     return roots
 
 
-def console_login_url(http_url: str, token: str, show_token: bool) -> str:
-    """The console's URL; with `show_token` a one-click login link (the token is this process's own)."""
-    return f"{http_url}/?{urllib.parse.urlencode({'token': token})}" if show_token else f"{http_url}/"
+def console_login_url(cp: ControlPlane, show_link: bool) -> str:
+    """The console's URL; with `show_link` a login link that works once (a one-time code, not the token)."""
+    link = cp.console_login_url() if show_link else None
+    return link or f"{cp.http_url}/"
 
 
 async def _run_server(args: argparse.Namespace, token: str, console_token: str, roots: dict[str, Path]) -> int:
@@ -181,7 +186,7 @@ async def _run_server(args: argparse.Namespace, token: str, console_token: str, 
         if cp.http_url is not None:
             shown = args.console_token_file is None
             where = "" if shown else f" (log in with the token in {args.console_token_file})"
-            url = console_login_url(cp.http_url, console_token, shown)
+            url = console_login_url(cp, shown)
             print(f"console: {url}{where}", file=sys.stderr, flush=True)
         await stop.wait()
     return 0

@@ -16,8 +16,11 @@ Routes:
                                                wait_ms: when nothing matches yet, wait up to W ms for a match
     POST /api/instances/{id}/terminate         close the link with 4410 and refuse it from now on
     POST /api/instances/{id}/close             {"code": 1011, "reason": "..."}
-    GET  /api/faults
-    POST /api/faults                           {"knob": value, ...} or {"reset": true}
+    GET  /api/faults                           the operator's token only (the console token, or
+    POST /api/faults                           `operator_token`): {"knob": value, ...} or {"reset": true}
+
+A request that changes anything must not come from another origin and must declare a JSON body
+(`console/guard.py`; PROTOCOL §9), with or without a console.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
+from agent_lab.controlplane.console import guard
 from agent_lab.controlplane.console.httpio import MAX_HEAD, HttpError, Request, read_request, respond_json
 from agent_lab.controlplane.link import sendable_close_code
 from agent_lab.controlplane.store import CommandExists
@@ -86,13 +90,18 @@ async def start_http_api(cp: ControlPlane, port: int) -> HttpListener:
     # Loopback unless a console token guards every request: this API can steer any instance.
     api = HttpApi(cp, console)
     server = await asyncio.start_server(api.serve_connection, host, port, limit=MAX_HEAD)
-    return HttpListener(server, console)
+    listener = HttpListener(server, console)
+    api.port = listener.port
+    if console is not None:
+        console.bind_port(listener.port)
+    return listener
 
 
 class HttpApi:
     def __init__(self, cp: ControlPlane, console: Console | None = None) -> None:
         self.cp = cp
         self.console = console
+        self.port = 0
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -103,6 +112,15 @@ class HttpApi:
                 return
             if self.console is not None and await self.console.handle(request, writer):
                 return
+            if self.console is None:
+                # No console, no cookie: still no other origin, and JSON bodies only.
+                reason = guard.refusal(
+                    request.method, request.parts, request.headers, port=self.port, bound_host="127.0.0.1",
+                    cookie_session=False,
+                )  # fmt: skip
+                if reason is not None:
+                    await respond_json(writer, HTTPStatus.FORBIDDEN, {"error": reason})
+                    return
             try:
                 status, body = await self._answer(request)
             except HttpError as exc:
@@ -123,6 +141,7 @@ class HttpApi:
             body = await request.body(MAX_BODY)
         # The console's token (from its login cookie or a bearer header) may drive every instance.
         operator = self.console is not None and self.console.authorized(request)
+        operator = operator or self.cp.is_operator(request.headers.get("authorization"))
         return await self.dispatch(request.method, request.target, request.headers.get("authorization"), body, operator)
 
     async def dispatch(
@@ -140,6 +159,8 @@ class HttpApi:
         if allowed is False:
             raise HttpError(HTTPStatus.UNAUTHORIZED, "bad or missing bearer token")
         if parts == ["api", "faults"]:
+            if not operator:
+                raise HttpError(HTTPStatus.FORBIDDEN, "the fault API needs the operator's token, not a driver's")
             if method == "GET":
                 return HTTPStatus.OK, self.cp.faults.as_dict()
             if method == "POST":

@@ -13,6 +13,7 @@ keepalive, closing), `intake.EventIntake` (frames, batches, receipts), `command_
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ssl
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -66,8 +67,11 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         close_timeout_s: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
         console: ConsoleConfig | None = None,
+        operator_token: str | None = None,
     ) -> None:
         self.db_path = Path(db_path)
+        # The fault API's credential besides the console token (PROTOCOL §9): never a driver's token.
+        self._operator_token = operator_token
         self.host = host
         self.port = port
         self.http_port = http_port
@@ -240,6 +244,20 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
 
     def last_heartbeat(self, instance_id: str) -> dict[str, Any] | None:
         return self._heartbeats.get(instance_id)
+
+    def is_operator(self, authorization: str | None) -> bool:
+        """Whether an `Authorization` header carries the operator's token (`operator_token`)."""
+        scheme, _, value = (authorization or "").partition(" ")
+        expected = self._operator_token
+        if not expected or scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.strip().encode(), expected.encode())
+
+    def console_login_url(self) -> str | None:
+        """A one-time login link to the console (None without a console or an HTTP port)."""
+        if self._http is None or self._http.console is None or self.http_url is None:
+            return None
+        return self._http.console.login_url(self.http_url)
 
     def token_allows(self, authorization: str | None) -> bool | frozenset[str]:
         """For an `Authorization` header value: False, True (any instance) or the allowed instance ids."""

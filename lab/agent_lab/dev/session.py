@@ -58,7 +58,7 @@ async def _run_dev(options: DevOptions, out: TextIO, env: Mapping[str, str], act
             console=console,
         )
         async with cp:
-            _banner(out, options, paths, cp.url, console_login_url(str(cp.http_url), console.token, True))
+            _banner(out, options, paths, cp.url, console_login_url(cp, True))
             if not actions.empty():  # only a signal can be queued yet: nothing to stop
                 out.write("[dev] interrupted before the driver started\n")
                 return 130

@@ -69,7 +69,7 @@ async def command_replayed(rig: Rig, instance: str) -> dict[str, Any]:
 async def flood_sigkill(rig: Rig, base: Path) -> Case:
     instance = "drv-ev-events-flood"
     box = Sandbox(base / instance, instance).create()
-    progress = box.root / "flood-progress"
+    progress = box.state_dir / "flood-progress"  # where the agent can write (box.root is the boot folder: hidden)
     cmd = [sys.executable, str(FLOOD)]
     env = {"FLOOD_PROGRESS_FILE": str(progress)}
     d = rig.start("acp", box, acp_command=cmd, acp_env=env)

@@ -1,7 +1,10 @@
 """Claim 4, isolation boundaries hold: identity (uids), credential (the control token absent from every
 child's environ and argv, from files under cwd/state_dir, the driver's log and every stored event; an
-agent tool reading /proc/<driver>/environ, cmdline, mem and the boot file finds nothing), files (ACP
-`fs/*` outside the roots and through a symlink refused) and what the driver does not enforce.
+agent tool reading /proc/<driver>/environ, cmdline, mem and the boot file finds nothing), the driver's
+state (PROTOCOL §9: an agent tool reads, queries and edits the journal, forges a process record, reads
+the lock and the boot payload's folder: each refused, the journal intact), files (ACP `fs/*` outside
+the roots and through a symlink refused) and what the driver does not enforce (listed, and the same
+state attacks where no mount namespace is allowed, measured but not judged).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,11 @@ from agent_lab.evidence.rig import Rig, Sandbox, descendants, proc_info, project
 from agent_lab.testing import agents
 
 NOT_ENFORCED = [
-    "root in the sandbox: a tool running as root reads any process's memory, the driver's included",
+    "root in the sandbox: a tool running as root reads any process's memory, the driver's included, and can "
+    "unmount what hides the driver's state (CAP_SYS_ADMIN in the provider's mount namespace)",
+    "a machine without namespaces: the driver's state is then visible to the provider tree (the driver reports "
+    "containment.degraded once at start; see the case 'driver state without a mount namespace'); what still "
+    "holds is that the ports refuse the driver's files and that journal rows are authenticated",
     "network egress: the driver does not restrict where the provider or its tools connect",
     "same-uid reads: the provider runs as the driver's uid; only what the kernel refuses (e.g. a non-dumpable "
     "driver's /proc/<pid>/mem and environ) protects the driver's memory from its tools",
@@ -129,6 +137,112 @@ async def credential(rig: Rig, runtime: str, box: Sandbox, driver_pid: int, boot
     ]
 
 
+DRIVER_STATE = "driver state: an agent tool reads and edits the journal, reads the boot folder"
+DRIVER_STATE_NONS = "driver state without a mount namespace"
+STATE_ATTACKS_REFUSED = (
+    "read the journal",
+    "query the journal",
+    "edit the journal (sqlite3)",
+    "append to the journal",
+    "read the process records",
+    "forge a process record",
+    "read the state_dir lock",
+    "read the boot folder's files",
+)
+
+
+async def state_attack(rig: Rig, box: Sandbox, boot_file: Path, run_id: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """An agent tool (python -m agent_lab.evidence.state_probe) goes after the driver's own files from
+    inside the provider tree. Returns what each attempt got, and what the evidence then finds."""
+    out = box.cwd / f"{run_id}-out"
+    journal = box.state_dir / "driver" / "journal.sqlite3"
+    before = _journal_facts(journal)
+    records_before = (box.state_dir / "driver" / "processes.json").read_bytes()
+    # By path (standard library only): the provider's Python need not import this checkout's lab.
+    script = Path(__file__).with_name("state_probe.py")
+    tool = f"{shlex.quote(sys.executable)} -I {script} {box.state_dir} {boot_file.parent} {out}"
+    term = await rig.turn(box.instance, run_id, f"[[shell:{tool}]]")
+    results_file = out / "results.json"
+    results: dict[str, str] = json.loads(results_file.read_text()) if results_file.exists() else {}
+    copies = {f"agent tool copy of {p.name}": p.read_bytes() for p in sorted((out / "copies").glob("*"))}
+    after = _journal_facts(journal)
+    facts = {
+        "probe_run": checks.run_outcome(term),
+        "token_in_what_it_read": checks.token_findings(copies, rig.token) if copies else {},
+        "journal_epoch_before_after": [before.get("epoch"), after.get("epoch")],
+        "forged_table_in_journal": after.get("forged", False),
+        "process_records_unchanged": (box.state_dir / "driver" / "processes.json").read_bytes() == records_before,
+        "degraded_reported": any(
+            e["payload"].get("code") == "containment.degraded"
+            for e in rig.cp.events(box.instance)
+            if e["kind"] == "diagnostic.reported"
+        ),
+    }
+    return results, facts
+
+
+def _journal_facts(journal: Path) -> dict[str, Any]:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
+            epoch = db.execute("select value from meta where key = 'epoch'").fetchone()
+            forged = db.execute("select 1 from sqlite_master where name = 'forged_by_agent'").fetchone()
+    except sqlite3.Error as exc:
+        return {"error": str(exc)}
+    return {"epoch": epoch[0] if epoch else None, "forged": forged is not None}
+
+
+async def driver_state(rig: Rig, box: Sandbox, boot_file: Path) -> Case:
+    results, facts = await state_attack(rig, box, boot_file, "run-state")
+    failures = [f"'{name}' was not refused: {results.get(name, 'did not run')}" for name in STATE_ATTACKS_REFUSED
+                if not results.get(name, "").startswith("refused")]  # fmt: skip
+    listed = json.loads(results.get("list the boot folder", "succeeded: []").removeprefix("succeeded: ") or "[]")
+    extra = sorted(set(listed) - {box.cwd.name, box.state_dir.name})
+    if extra:
+        failures.append(f"the boot folder shows the driver's files: {extra}")
+    failures += checks.judge_token(facts["token_in_what_it_read"])
+    if (
+        facts["journal_epoch_before_after"][0] != facts["journal_epoch_before_after"][1]
+        or facts["forged_table_in_journal"]
+    ):
+        failures.append("the journal was edited")
+    if not facts["process_records_unchanged"]:
+        failures.append("the process records were rewritten")
+    if facts["degraded_reported"]:
+        failures.append("the driver reported containment.degraded")
+    if not results:
+        failures.append("the probe tool did not run")
+    return judged(
+        DRIVER_STATE,
+        {"attacks": results, "boot_folder_as_the_tool_sees_it": listed, **facts},
+        failures,
+        "a shell tool (agent_lab/evidence/state_probe.py) reads, queries and edits the journal "
+        "(sqlite3), forges a process record, reads the lock and every file of the boot payload's folder; "
+        "its copies are searched for the token; the journal and records are checked from outside",
+    )
+
+
+async def driver_state_degraded(rig: Rig, runtime: str) -> Case:
+    """The same attacks where no mount namespace is allowed (forced: AGENT_DRIVER_CONTAINMENT=subreaper):
+    listed, not judged: nothing hides the files then."""
+    box = rig.sandbox(f"drv-ev-iso-nons-{runtime}")
+    d = rig.start(runtime, box, env={"AGENT_DRIVER_CONTAINMENT": "subreaper"})
+    try:
+        await rig.started(box.instance)
+        results, facts = await state_attack(rig, box, d.boot_file, "run-state-nons")
+    finally:
+        await d.stop()
+    return not_measured(
+        DRIVER_STATE_NONS,
+        "not enforced where the machine allows no namespace: the driver says so (containment.degraded: "
+        f"{'reported' if facts['degraded_reported'] else 'NOT reported'}); journal rows are authenticated and "
+        "the ports still refuse the driver's files",
+        {"attacks": results, **facts},
+        "the same shell tool with AGENT_DRIVER_CONTAINMENT=subreaper (no mount namespace)",
+    )
+
+
 async def files(rig: Rig, base: Path) -> Case:
     """ACP fs/* through the driver's admission: our ACP test agent asks to read outside the roots."""
     instance = "drv-ev-iso-fs"
@@ -181,6 +295,15 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
         claim.cases += await credential(rig, runtime, box, d.pid, d.boot_file)
     except Exception as exc:
         claim.cases.append(Case("credential", "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+    state_cases: list[tuple[str, Callable[[], Awaitable[Case]]]] = [
+        (DRIVER_STATE, lambda: driver_state(rig, box, d.boot_file)),
+        (DRIVER_STATE_NONS, lambda: driver_state_degraded(rig, runtime)),
+    ]
+    for name, attack in state_cases:
+        try:
+            claim.cases.append(await attack())
+        except Exception as exc:
+            claim.cases.append(Case(name, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
     if runtime == "acp":
         try:
             claim.cases.append(await files(rig, rig.root))
@@ -197,5 +320,9 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
         )
     claim.cases.append(not_measured("network", "not enforced by the driver (listed below)"))
     claim.notes += NOT_ENFORCED
-    claim.notes.append(f"pid namespace: {os.readlink('/proc/self/ns/pid')}; the driver runs no namespace of its own")
+    claim.notes.append(
+        f"the evidence runs in pid namespace {os.readlink('/proc/self/ns/pid')} as uid {os.geteuid()}; each provider "
+        "tree runs in a pid and mount namespace of its own (bwrap), where state_dir/driver/, the state_dir lock "
+        "and the boot payload's folder are covered (state_dir, cwd and the runtime bound back)"
+    )
     return claim

@@ -1,21 +1,26 @@
 """The console's own routes on the HTTP API port; everything else falls through to the JSON API.
 
-    GET  /                                      the page (the login form without a token)
-    GET  /?token=T                              log in from the printed URL: sets the cookie, redirects to /
-    POST /login                                 the login form (token=T)
+    GET  /                                      the page (the login form without a session)
+    GET  /?login=CODE                           log in from the printed link (a one-time code): sets the
+                                                session cookie, redirects to /; a used code logs nobody in
+    POST /login                                 the login form (token=T, form-encoded)
     GET  /static/{file}                         the page's CSS and JavaScript
     GET  /console/instances                     every known instance, summarised
     GET  /console/instances/{id}/stream         SSE (see stream.py); resumes from Last-Event-ID or ?after=ROW
-    POST /console/instances/{id}/uploads?name=N the raw bytes -> an attachment for input.start
+    POST /console/instances/{id}/uploads        {"name": N, "data_b64": ...} -> an attachment for input.start
     GET  /console/instances/{id}/artifacts?event_id=E   the artifact's bytes
     GET  /uploads/{key}/{name}                  an uploaded attachment (the driver fetches it)
 
-The JSON API (`/api/...`) accepts the console token (cookie or bearer) as a token for every instance.
+The JSON API (`/api/...`) accepts the console token (bearer, or the session a login issued) as a token
+for every instance, and as the operator's token for the fault API. A request that changes anything
+passes `guard.refusal` first (the console's own Origin, a JSON body).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 from http import HTTPStatus
 from importlib import resources
@@ -23,10 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote
 
-from agent_lab.controlplane.console import files
-from agent_lab.controlplane.console.auth import has_token, login_cookie, token_matches
+from agent_lab.controlplane.console import files, guard
+from agent_lab.controlplane.console.auth import cookie, cookie_name, has_bearer_token, session_cookie, token_matches
 from agent_lab.controlplane.console.httpio import HttpError, Request, respond, respond_json
 from agent_lab.controlplane.console.queries import ConsoleQueries
+from agent_lab.controlplane.console.sessions import LoginCodes, Sessions
 from agent_lab.controlplane.console.stream import InstanceStream
 from agent_lab.controlplane.console.views import InstanceViews
 
@@ -52,9 +58,36 @@ class Console:
         self.views = InstanceViews(cp, self.queries)
         self.uploads = config.uploads_dir or cp.db_path.with_name(cp.db_path.name + ".uploads")
         self._streams: set[InstanceStream] = set()
+        self.sessions = Sessions(config.token)
+        self.codes = LoginCodes()
+        self.port = 0  # set once the port is bound (bind_port): the cookie's name and the Origin need it
+
+    def bind_port(self, port: int) -> None:
+        self.port = port
+
+    @property
+    def cookie(self) -> str:
+        return cookie_name(self.port)
+
+    def login_url(self, http_url: str) -> str:
+        """A login link that works once (a fresh code each call)."""
+        return f"{http_url}/?login={self.codes.mint()}"
+
+    def has_session(self, request: Request) -> bool:
+        return self.sessions.valid(cookie(request.headers, self.cookie), self.port)
 
     def authorized(self, request: Request) -> bool:
-        return has_token(self.config.token, request.headers)
+        return has_bearer_token(self.config.token, request.headers) or self.has_session(request)
+
+    def refusal(self, request: Request) -> str | None:
+        return guard.refusal(
+            request.method,
+            request.parts,
+            request.headers,
+            port=self.port,
+            bound_host=self.config.host,
+            cookie_session=self.has_session(request),
+        )
 
     def close_streams(self) -> None:
         """At stop: end every open stream, then release the store connection (streams touch it only
@@ -64,8 +97,12 @@ class Console:
         self.queries.close()
 
     async def handle(self, request: Request, writer: asyncio.StreamWriter) -> bool:
-        """Answer the request if it is the console's (or refused by the token gate); False otherwise."""
+        """Answer the request if it is the console's (or refused by the token gate or the guard);
+        False otherwise."""
         try:
+            reason = self.refusal(request)
+            if reason is not None:
+                raise HttpError(HTTPStatus.FORBIDDEN, reason)
             return await self._route(request, writer)
         except HttpError as exc:
             await respond_json(writer, exc.status, {"error": exc.message})
@@ -109,9 +146,17 @@ class Console:
         await respond(writer, HTTPStatus.OK, data, kind)
 
     async def _page(self, request: Request, writer: asyncio.StreamWriter) -> None:
-        token = request.arg("token")
-        if token is not None:
-            await self._login(token, writer)
+        code = request.arg("login")
+        if code is not None:
+            if self.codes.redeem(code):
+                await self._start_session(writer)
+            else:
+                message = "That login link was used already (or has expired): log in with the console token."
+                await self._login_page(writer, HTTPStatus.UNAUTHORIZED, message)
+        elif request.arg("token") is not None:
+            # The token never travels in a URL (history, logs, Referer): only the form takes it.
+            message = "Login links carry a one-time code, not the token: type the token here."
+            await self._login_page(writer, HTTPStatus.UNAUTHORIZED, message)
         elif self.authorized(request):
             await respond(writer, HTTPStatus.OK, _static("index.html"), HTML, {"Content-Security-Policy": CSP})
         else:
@@ -119,9 +164,13 @@ class Console:
 
     async def _login(self, token: str, writer: asyncio.StreamWriter) -> None:
         if token and token_matches(self.config.token, token):
-            await respond(writer, HTTPStatus.SEE_OTHER, b"", HTML, {"Location": "/", "Set-Cookie": login_cookie(token)})
+            await self._start_session(writer)
         else:
             await self._login_page(writer, HTTPStatus.UNAUTHORIZED, "That is not the console token.")
+
+    async def _start_session(self, writer: asyncio.StreamWriter) -> None:
+        cookie_header = session_cookie(self.cookie, self.sessions.issue(self.port))
+        await respond(writer, HTTPStatus.SEE_OTHER, b"", HTML, {"Location": "/", "Set-Cookie": cookie_header})
 
     async def _login_page(self, writer: asyncio.StreamWriter, status: int, message: str) -> None:
         page = _static("login.html").decode().replace("{{message}}", message)
@@ -138,8 +187,8 @@ class Console:
         if action == "stream" and method == "GET":
             await self._stream(request, instance_id, writer)
         elif action == "uploads" and method == "POST":
-            data = await request.body(files.MAX_UPLOAD)
-            path, fields = files.save_upload(self.uploads, files.plain_name(request.arg("name")), data)
+            name, data = _upload_body(await request.body(files.MAX_UPLOAD * 4 // 3 + 4096))
+            path, fields = files.save_upload(self.uploads, name, data)
             base = self.cp.http_url or ""
             await respond_json(writer, HTTPStatus.CREATED, {**fields, "url": base + quote(path)})
         elif action == "artifacts" and method == "GET":
@@ -178,3 +227,21 @@ class Console:
             "application/octet-stream",
             {"Content-Disposition": f"attachment; filename={filename}"},
         )
+
+
+def _upload_body(raw: bytes) -> tuple[str, bytes]:
+    """`{"name": N, "data_b64": B}`: a JSON body like every request that changes something."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "body is not JSON") from None
+    if not isinstance(body, dict) or not isinstance(body.get("data_b64"), str):
+        raise HttpError(HTTPStatus.BAD_REQUEST, 'body must be {"name": ..., "data_b64": ...}')
+    name = files.plain_name(body.get("name") if isinstance(body.get("name"), str) else None)
+    try:
+        data = base64.b64decode(body["data_b64"], validate=True)
+    except (binascii.Error, ValueError):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "data_b64 is not base64") from None
+    if len(data) > files.MAX_UPLOAD:
+        raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"upload over {files.MAX_UPLOAD} bytes")
+    return name, data
