@@ -38,10 +38,19 @@ def test_a_scan_over_its_bound_says_so_and_claims_no_deletions(tmp_path: Path) -
     assert side_effects.files_changed(full, cut) == []
 
 
+# Prints the sleeper's pid once `sleep` has exec'd: Popen returns while the fork may still be python.
+SPAWNS_A_SLEEPER = """
+import subprocess, time
+p = subprocess.Popen(["sleep", "30"])
+while not open(f"/proc/{p.pid}/cmdline", "rb").read().startswith(b"sleep"):
+    pass
+print(p.pid, flush=True)
+time.sleep(30)
+"""
+
+
 def test_tree_processes_finds_live_descendants_only(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time; "
-                              "p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); time.sleep(30)"],
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", SPAWNS_A_SLEEPER], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         grandchild = int(child.stdout.readline())

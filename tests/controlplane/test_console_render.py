@@ -173,7 +173,7 @@ async def test_each_checkpoint_is_one_row_and_its_chunks_stay_out(cp: ControlPla
     await send(ws, batch(1, events))
     await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == n + 1)
     assert cp.http_url is not None
-    url = console_login_url(cp.http_url, CONSOLE_TOKEN, True)
+    url = console_login_url(cp, True)
 
     def look() -> dict[str, Any]:
         browser = chromium(tmp_path / "profile", tmp_path / "downloads")
