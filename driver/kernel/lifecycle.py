@@ -129,6 +129,8 @@ class Lifecycle:
             await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)
             await run.ended.wait()
         await k.supervisor.stop()
+        if k.provider.proxy is not None:
+            await k.provider.proxy.close()
         await k.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled
         if drain:

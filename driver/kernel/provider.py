@@ -33,6 +33,7 @@ from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
+    from driver.model_proxy.room import ProxyRoom
 
 log = logs.get("driver.kernel.provider")
 
@@ -59,6 +60,12 @@ class ProviderRoom:
         # Whether the adapter being started announced its session itself (else the kernel does).
         self._announced = False
         self._replay_without_ref = False
+        # PROTOCOL §6.7: the model proxy, only when the payload asks for it (imported only then).
+        self.proxy: ProxyRoom | None = None
+        if kernel.boot.execution.model_proxy is not None:
+            from driver.model_proxy.room import ProxyRoom
+
+            self.proxy = ProxyRoom(kernel)
 
     # -- building adapters ------------------------------------------------------------------------
     def replay_messages(self) -> list[RecoveryMessage]:
@@ -80,6 +87,8 @@ class ProviderRoom:
         (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
         replay = self.replay_messages()
         execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)
+        if self.proxy is not None:
+            env, execution = self.proxy.adapt(env, execution, provider_dir)
         self._announced = False
         # With no ref to resume, a session that has history starts fresh with that history replayed,
         # and says so (runtime.session.reset with previous = null) once the new session is known.
@@ -233,6 +242,8 @@ class ProviderRoom:
         """Install skills, start the provider, then report `driver.started`."""
         k = self.k
         await self.install_skills()
+        if self.proxy is not None:
+            await self.proxy.start()
         await k.supervisor.boot()
         start_ms = k.supervisor.start_ms
         timings = {

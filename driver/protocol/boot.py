@@ -19,7 +19,8 @@ RUNTIMES: tuple[str, ...] = ("claude-agent-sdk", "openai-app-server", "acp")
 # Bounded so a number past 64 bits is refused at the boundary rather than overflowing a timer later.
 MAX_MS = 2**53
 ACP_REQUIRED = "execution.acp is required when execution.runtime is 'acp'"
-OWN_MESSAGES = frozenset({ACP_REQUIRED})
+PROXY_SECRET_MISSING = "execution.model_proxy.secrets names a variable that is not in execution.environment"
+OWN_MESSAGES = frozenset({ACP_REQUIRED, PROXY_SECRET_MISSING})
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -152,6 +153,10 @@ class BootPayload(_Strict):
     def __post_init__(self) -> None:
         if self.execution.runtime == "acp" and self.execution.acp is None:
             raise ValueError(ACP_REQUIRED)
+        proxy = self.execution.model_proxy
+        if proxy is not None and any(name not in self.execution.environment for name in proxy.secrets):
+            # A typo would leave the real key, under its real name, where the agent can read it.
+            raise ValueError(PROXY_SECRET_MISSING)
 
 
 BOOT_DECODER = msgspec.json.Decoder(BootPayload)

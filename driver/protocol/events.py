@@ -26,6 +26,7 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     MessageCompleted,
     MessageDelta,
     MessageStarted,
+    ModelUsage,
     PermissionOptionPayload,
     PermissionRequested,
     PermissionResolved,
@@ -102,6 +103,9 @@ EVENT_KINDS: dict[str, EventKind] = {
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
     "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
     "log.records": _k(LogRecords, "best_effort", run_scoped=False),
+    # Not run-scoped in the kernel's sense: the proxy names the run itself (driver.model_proxy.room),
+    # so a request that outlived its run is still reported, never dropped.
+    "model.usage": _k(ModelUsage, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

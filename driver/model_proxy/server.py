@@ -1,0 +1,434 @@
+"""The loopback proxy itself: h11 on asyncio streams towards the provider, httpx2 towards the upstream.
+
+One connection task per provider connection (keep-alive: many requests each). A request is read
+whole (model requests are small next to their answers), checked (route, placeholder, budget), sent
+upstream, and the answer is written back chunk by chunk as the upstream's socket yields it: nothing
+is buffered on the way, so server-sent events reach the provider byte for byte and as soon as they
+arrive. The usage reader sees each chunk first; the one that ends the answer (message_stop,
+response.completed, [DONE]) waits until its usage is accounted for, so a `model.usage` always comes
+before the provider can end its turn on that answer.
+
+Why h11 + httpx2: both were already in the environment (the mcp SDK's stack, maintained by the
+encode/pydantic projects), neither buffers a streamed body, and h11 is a pure parser: the server is
+the few lines below, with no framework in the hot path. Measured in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import httpx2
+
+from driver import logs
+from driver.model_proxy import errors, prices
+from driver.model_proxy.budget import Exceeded, Ledger
+from driver.model_proxy.plan import Route, new_placeholder
+from driver.model_proxy.usage import Dialect, UsageReader, dialect_of
+
+log = logs.get("driver.model_proxy")
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+READ_SIZE = 64 * 1024
+# Headers that describe one hop, not the message: never forwarded either way.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"accept-encoding",
+    }
+)
+# Where a provider puts its key: Anthropic's x-api-key, Bearer tokens (OpenAI, OAuth), Azure's api-key.
+CREDENTIAL_HEADERS = (b"x-api-key", b"authorization", b"api-key")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One model request's usage, as `model.usage` carries it (plus the run it belongs to)."""
+
+    run_id: str | None
+    upstream: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    cost_usd: float | None
+    request_id: str | None
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "upstream": self.upstream,
+            "model": self.model,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cost_usd": self.cost_usd,
+            "request_id": self.request_id,
+        }
+
+
+OnUsage = Callable[[UsageRecord], Awaitable[None]]
+OnExceeded = Callable[[str | None, Exceeded], None]
+
+
+class _ClientGone(Exception):
+    """The provider closed its connection."""
+
+
+class ModelProxy:
+    def __init__(
+        self,
+        routes: dict[str, Route],
+        secrets: dict[str, str],
+        ledger: Ledger,
+        *,
+        current_run: Callable[[], str | None],
+        on_usage: OnUsage,
+        on_exceeded: OnExceeded,
+        upstream_timeout_s: float = 30.0,
+    ) -> None:
+        self.routes = routes
+        self._secrets = dict(secrets)
+        self.ledger = ledger
+        self._current_run = current_run
+        self._on_usage = on_usage
+        self._on_exceeded = on_exceeded
+        self._timeout = httpx2.Timeout(connect=upstream_timeout_s, read=None, write=upstream_timeout_s, pool=None)
+        self._placeholders: dict[str, str] = {}  # placeholder -> secret name (the current generation only)
+        # Bound now, served from `start()`: the port is known before the first provider is built, and
+        # a connection made in between waits in the backlog.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self._sock.setblocking(False)
+        self._server: asyncio.Server | None = None
+        self._client: httpx2.AsyncClient | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.refused = {"auth": 0, "budget": 0}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def rotate(self) -> dict[str, str]:
+        """A fresh placeholder for every secret (a new provider process); the previous ones stop working."""
+        fresh = {name: new_placeholder() for name in self._secrets}
+        self._placeholders = {value: name for name, value in fresh.items()}
+        return fresh
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        # Proxies of the sandbox (HTTPS_PROXY ...) apply to the upstream, as they would to the provider.
+        self._client = httpx2.AsyncClient(timeout=self._timeout, trust_env=True, follow_redirects=False)
+        self._server = await asyncio.start_server(self._serve_connection, sock=self._sock)
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        else:
+            self._sock.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- one connection -------------------------------------------------------------------------------
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        try:
+            while True:
+                got = await self._read_request(conn, reader, writer)
+                if got is None:
+                    break
+                request, body = got
+                await self._handle(conn, writer, request, body)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    break
+                conn.start_next_cycle()
+        except (_ClientGone, ConnectionError, h11.LocalProtocolError):
+            pass
+        except asyncio.CancelledError:
+            # close(): the connection task ends here (a top-level task of the server, not awaited by
+            # anyone who would need the cancellation to propagate).
+            pass
+        except Exception as exc:  # no input may take the driver down: log and drop the connection
+            log.warning("model_proxy.connection_failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _read_request(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[h11.Request, bytes] | None:
+        request: h11.Request | None = None
+        body = bytearray()
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse_raw(conn, writer, errors.BAD_REQUEST, None, f"malformed request: {exc}")
+                return None
+            if event is h11.NEED_DATA:
+                data = await reader.read(READ_SIZE)
+                if not data and request is None and conn.their_state is h11.IDLE:
+                    return None  # keep-alive connection closed between requests
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > MAX_REQUEST_BYTES:
+                    await self._refuse_raw(conn, writer, errors.TOO_LARGE, None, "request body too large")
+                    return None
+            elif isinstance(event, h11.EndOfMessage):
+                assert request is not None
+                return request, bytes(body)
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+            # h11.PAUSED cannot happen before the response; other events carry nothing for us.
+
+    async def _handle(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
+    ) -> None:
+        target = request.target.decode("latin-1")
+        name, _, rest = target.lstrip("/").partition("/")
+        route = self.routes.get(name.split("?", 1)[0])
+        path = "/" + rest
+        dialect = dialect_of(path)
+        shape: Dialect | None = dialect or ("anthropic" if name == "anthropic" else None)
+        if route is None:
+            await self._refuse(conn, writer, errors.NOT_FOUND, shape, "no such model route on this proxy")
+            return
+        headers, secret_ok = self._upstream_headers(request.headers)
+        if not secret_ok:
+            self.refused["auth"] += 1
+            log.warning("model_proxy.refused", reason="placeholder", route=route.name)
+            await self._refuse(conn, writer, errors.AUTH, shape, "this proxy needs the current placeholder key")
+            return
+        run_id = self._current_run()
+        if dialect is not None:
+            exceeded = self.ledger.exceeded(run_id)
+            if exceeded is not None:
+                self.refused["budget"] += 1
+                log.warning("model_proxy.refused", reason="budget", route=route.name, limit=exceeded.limit)
+                self._on_exceeded(run_id, exceeded)
+                await self._refuse(conn, writer, errors.BUDGET, shape, exceeded.message)
+                return
+        await self._forward(conn, writer, request, body, route, path, headers, dialect, run_id)
+
+    def _upstream_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """The headers for the upstream, each placeholder swapped for its secret; False when a credential
+        header is missing or carries anything but a current placeholder."""
+        out: list[tuple[bytes, bytes]] = []
+        seen = False
+        for key, value in raw:
+            if key in HOP_BY_HOP:
+                continue
+            if key in CREDENTIAL_HEADERS:
+                swapped = self._swap(value)
+                if swapped is None:
+                    return [], False
+                seen = True
+                value = swapped
+            out.append((key, value))
+        out.append((b"accept-encoding", b"identity"))  # the usage reader reads what it forwards
+        return out, seen
+
+    def _swap(self, value: bytes) -> bytes | None:
+        text = value.decode("latin-1").strip()
+        scheme = ""
+        if text[:7].lower() == "bearer ":
+            scheme, text = text[:7], text[7:].strip()
+        name = self._placeholders.get(text)
+        if name is None:
+            return None
+        return (scheme + self._secrets[name]).encode("latin-1")
+
+    async def _forward(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        request: h11.Request,
+        body: bytes,
+        route: Route,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        dialect: Dialect | None,
+        run_id: str | None,
+    ) -> None:
+        client = self._client
+        assert client is not None, "ModelProxy.start() was not awaited"
+        started = time.monotonic()
+        upstream_request = client.build_request(
+            request.method.decode("ascii", "replace"), route.upstream + path, headers=headers, content=body
+        )
+        try:
+            response = await client.send(upstream_request, stream=True)
+        except httpx2.HTTPError as exc:
+            log.warning("model_proxy.upstream_failed", route=route.name, error=type(exc).__name__)
+            await self._refuse(
+                conn, writer, errors.UPSTREAM, dialect, f"the upstream could not be reached ({type(exc).__name__})"
+            )
+            return
+        try:
+            await self._relay(conn, writer, response, route, body, dialect, run_id)
+        finally:
+            await response.aclose()
+            log.debug(
+                "model_proxy.request",
+                route=route.name,
+                status=response.status_code,
+                ms=round((time.monotonic() - started) * 1000, 1),
+            )
+
+    async def _relay(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        response: httpx2.Response,
+        route: Route,
+        request_body: bytes,
+        dialect: Dialect | None,
+        run_id: str | None,
+    ) -> None:
+        raw_headers = [(k.lower(), v) for k, v in response.headers.raw]
+        out_headers = [(k, v) for k, v in raw_headers if k not in HOP_BY_HOP or k == b"content-length"]
+        if any(k == b"transfer-encoding" for k, _ in raw_headers):
+            out_headers = [(k, v) for k, v in out_headers if k != b"content-length"]
+        content_type = response.headers.get("content-type", "")
+        streaming = content_type.startswith("text/event-stream")
+        reader = UsageReader(dialect, streaming) if dialect is not None and response.status_code < 300 else None
+        request_id = response.headers.get("request-id") or response.headers.get("x-request-id")
+        await self._send(
+            writer,
+            conn.send(
+                h11.Response(status_code=response.status_code, headers=out_headers, reason=response.reason_phrase)
+            ),
+        )
+        accounted = False
+        held = b""  # a JSON answer's latest chunk, sent once the next one (or its usage) is in
+        try:
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                if reader is not None and reader.feed(chunk) and not accounted:
+                    accounted = True
+                    await self._account(reader, route, request_body, request_id, run_id)
+                if reader is not None and not streaming:
+                    chunk, held = held, chunk
+                    if not chunk:
+                        continue
+                await self._send(writer, conn.send(h11.Data(data=chunk)))
+        except _ClientGone:
+            # The provider hung up (an interrupt): what the upstream reported so far still counts.
+            if reader is not None and not accounted:
+                reader.close()
+                if reader.usage.reported:
+                    await self._account(reader, route, request_body, request_id, run_id)
+            raise
+        if reader is not None and not accounted:
+            reader.close()
+            if reader.usage.reported:
+                await self._account(reader, route, request_body, request_id, run_id)
+        if held:
+            await self._send(writer, conn.send(h11.Data(data=held)))
+        await self._send(writer, conn.send(h11.EndOfMessage()))
+
+    async def _account(
+        self, reader: UsageReader, route: Route, request_body: bytes, request_id: str | None, run_id: str | None
+    ) -> None:
+        usage = reader.usage
+        model = usage.model or _request_model(request_body)
+        cost = prices.cost_usd(
+            model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+        )
+        self.ledger.record(run_id, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, cost)
+        record = UsageRecord(
+            run_id=run_id,
+            upstream=route.label,
+            model=model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            cost_usd=cost,
+            request_id=request_id,
+        )
+        try:
+            await self._on_usage(record)
+        except Exception as exc:
+            log.warning("model_proxy.usage_not_reported", error=f"{type(exc).__name__}: {exc}")
+
+    # -- writing --------------------------------------------------------------------------------------
+    async def _refuse(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, kind: errors.Kind, shape: Dialect | None, message: str
+    ) -> None:
+        status, payload = errors.body(kind, shape, message)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"x-should-retry", b"false"),
+        ]
+        await self._send(writer, conn.send(h11.Response(status_code=status, headers=headers)))
+        await self._send(writer, conn.send(h11.Data(data=payload)))
+        await self._send(writer, conn.send(h11.EndOfMessage()))
+
+    async def _refuse_raw(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, kind: errors.Kind, shape: Dialect | None, message: str
+    ) -> None:
+        """A refusal before a whole request was read: the connection closes after it."""
+        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            with contextlib.suppress(h11.LocalProtocolError, _ClientGone, ConnectionError):
+                await self._refuse(conn, writer, kind, shape, message)
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, data: bytes | None) -> None:
+        if not data:
+            return
+        try:
+            writer.write(data)
+            await writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise _ClientGone from exc
+
+
+def _request_model(body: bytes) -> str:
+    import json
+
+    try:
+        value = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
