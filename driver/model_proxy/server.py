@@ -17,20 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import h11
-import httpx2
 
 from driver import logs
 from driver.model_proxy import errors, prices
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.plan import Route, new_placeholder
 from driver.model_proxy.usage import Dialect, UsageReader, dialect_of
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logs.get("driver.model_proxy")
 
@@ -108,17 +112,20 @@ class ModelProxy:
         self._current_run = current_run
         self._on_usage = on_usage
         self._on_exceeded = on_exceeded
-        self._timeout = httpx2.Timeout(connect=upstream_timeout_s, read=None, write=upstream_timeout_s, pool=None)
+        self._timeout_s = upstream_timeout_s
         self._placeholders: dict[str, str] = {}  # placeholder -> secret name (the current generation only)
         # Bound now, served from `start()`: the port is known before the first provider is built, and
         # a connection made in between waits in the backlog.
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+        # without it each small SSE event after the first waits for the client's delayed ACK (~40 ms).
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(128)
         self._sock.setblocking(False)
         self._server: asyncio.Server | None = None
         self._client: httpx2.AsyncClient | None = None
+        self._client_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.refused = {"auth": 0, "budget": 0}
 
@@ -133,11 +140,27 @@ class ModelProxy:
         return fresh
 
     async def start(self) -> None:
+        """Serve now; the upstream client is built meanwhile (importing httpx2 and loading the TLS roots
+        costs ~0.1-0.4 s, which must not delay the provider's spawn: its first model request comes
+        later, and waits for the client if it does not)."""
         if self._server is not None:
             return
-        # Proxies of the sandbox (HTTPS_PROXY ...) apply to the upstream, as they would to the provider.
-        self._client = httpx2.AsyncClient(timeout=self._timeout, trust_env=True, follow_redirects=False)
         self._server = await asyncio.start_server(self._serve_connection, sock=self._sock)
+        task = asyncio.get_running_loop().create_task(self._build_client(), name="model-proxy-client")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def ready(self) -> None:
+        """Return once the upstream client is built (requests wait for it anyway)."""
+        await self._client_ready.wait()
+
+    async def _build_client(self) -> None:
+        try:
+            self._client = await anyio.to_thread.run_sync(_new_client, self._timeout_s)
+        except Exception as exc:
+            log.error("model_proxy.client_failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._client_ready.set()
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -159,6 +182,10 @@ class ModelProxy:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         try:
             while True:
@@ -285,8 +312,13 @@ class ModelProxy:
         dialect: Dialect | None,
         run_id: str | None,
     ) -> None:
+        import httpx2
+
+        await self._client_ready.wait()
         client = self._client
-        assert client is not None, "ModelProxy.start() was not awaited"
+        if client is None:
+            await self._refuse(conn, writer, errors.UPSTREAM, dialect, "the proxy has no upstream client")
+            return
         started = time.monotonic()
         upstream_request = client.build_request(
             request.method.decode("ascii", "replace"), route.upstream + path, headers=headers, content=body
@@ -422,6 +454,23 @@ class ModelProxy:
             await writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise _ClientGone from exc
+
+
+def _new_client(timeout_s: float) -> httpx2.AsyncClient:
+    import httpx2
+
+    timeout = httpx2.Timeout(connect=timeout_s, read=None, write=timeout_s, pool=None)
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        # The sandbox's egress proxy applies to the upstream, as it would to the provider (httpx2 reads
+        # the variables, NO_PROXY included, only for a client without its own transport).
+        return httpx2.AsyncClient(timeout=timeout, trust_env=True, follow_redirects=False)
+    # TCP_NODELAY towards the upstream: httpcore2 writes a request's head and body apart, and anyio's
+    # sockets do not set it, so the body would wait ~40 ms for the head's delayed ACK.
+    transport = httpx2.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    return httpx2.AsyncClient(timeout=timeout, trust_env=True, follow_redirects=False, transport=transport)
+
+
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def _request_model(body: bytes) -> str:

@@ -66,6 +66,8 @@ class UsageReader:
         self.finished = False
         self._pending = bytearray()
         self._overflow = False
+        # What an event we read contains, at least: usage, a start, or the answer's end.
+        self._tokens = (b'"usage"', b"message_start", b"[DONE]", *_TERMINAL_TYPES.get(dialect, ()))
 
     def feed(self, chunk: bytes) -> bool:
         if self._overflow:
@@ -75,13 +77,15 @@ class UsageReader:
             if len(self._pending) > MAX_JSON_BYTES:
                 self._drop()
             return False
-        while True:
-            end = _event_end(self._pending)
-            if end is None:
-                break
-            event = bytes(self._pending[:end])
+        end = _complete_end(self._pending)
+        if end:
+            complete = bytes(self._pending[:end])
             del self._pending[:end]
-            self._event(event)
+            # One scan of everything complete so far: most of a stream (text deltas) holds nothing we
+            # read, and is passed over without being split into events.
+            if any(token in complete for token in self._tokens):
+                for event in complete.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
+                    self._event(event)
         if len(self._pending) > MAX_EVENT_BYTES:
             self._drop()
         return self.finished
@@ -190,13 +194,13 @@ class UsageReader:
             u.cached_input_tokens = min(_int(details.get("cached_tokens")), u.input_tokens)
 
 
-def _event_end(buf: bytearray) -> int | None:
-    """Index just past the first complete event (a blank line ends one: \\n\\n, \\r\\n\\r\\n, \\r\\r)."""
-    best: int | None = None
+def _complete_end(buf: bytearray) -> int:
+    """Index just past the last complete event (a blank line ends one: \\n\\n, \\r\\n\\r\\n, \\r\\r); 0: none."""
+    best = 0
     for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        i = buf.find(sep)
-        if i >= 0 and (best is None or i + len(sep) < best):
-            best = i + len(sep)
+        i = buf.rfind(sep)
+        if i >= 0:
+            best = max(best, i + len(sep))
     return best
 
 
