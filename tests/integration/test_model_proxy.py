@@ -5,7 +5,9 @@ What is checked: the real key arrives at the fake and nowhere else (every proces
 tree is read through /proc: environ and argv; every file under the provider's home and cwd); the
 fake never sees a placeholder; one `model.usage` per model request, and the run's usage is their
 sum; a stream of spaced chunks reaches the control plane as spaced `message.delta` events; a spent
-budget ends the run `run.failed{budget.exceeded}`, not retryable.
+budget ends the run `run.failed{budget.exceeded}`, not retryable; a tool in the tree calling the proxy
+with a made-up key, the real key or an old placeholder is refused, and a restarted provider gets a new
+placeholder.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent_lab.testing.fakes import Fakes
 from tests.integration.harness import INSTANCE, ROOT, DriverProcess, control_plane
 from tests.integration.test_secrets_in_proc import process_tree, read_proc
 from tests.kernel.runtimes import payload as runtime_payload
+from tests.kernel.support import wait_provider
 
 SECRET = "sk-REAL-model-key-7f3a9c0e5b1d"
 CLAUDE_ACP = ROOT / "node_modules" / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
@@ -204,5 +207,59 @@ async def test_a_spent_budget_fails_the_run(tmp_path: Path, fakes: Fakes, runtim
             cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:again]]"})
             status2 = await cp.wait_for_command_status(cid2, timeout=90)
             assert status2["status"] == "completed", (json.dumps(status2), cp.events(INSTANCE, "model.usage"))
+    finally:
+        end_tree(driver)
+
+
+def placeholder_of(pid: int, var: str) -> str | None:
+    for entry in read_proc(pid, "environ").split(b"\0"):
+        if entry.startswith(var.encode() + b"="):
+            return entry.split(b"=", 1)[1].decode()
+    return None
+
+
+def curl(base_var: str, key: str) -> str:
+    """A shell tool that calls the proxy with `key` and prints the HTTP status."""
+    out = "-s -o /dev/null -w 'status=%{http_code}'"
+    return f"[[shell:curl {out} -H 'x-api-key: {key}' -d '{{}}' ${base_var}/v1/messages]]"
+
+
+@pytest.mark.provider
+async def test_strangers_in_the_tree_are_refused_and_a_restart_gets_a_fresh_placeholder(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    driver: DriverProcess | None = None
+    try:
+        async with control_plane(tmp_path) as cp:
+            payload = proxied_payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+            driver = DriverProcess(tmp_path, payload)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            first = await wait_provider(driver, timeout=30)
+            old = placeholder_of(first, "ANTHROPIC_API_KEY")
+            assert old is not None and old.startswith("agent-driver-placeholder-")
+
+            async def tool_output(run_id: str, text: str) -> str:
+                cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": text})
+                assert (await cp.wait_for_command_status(cid, timeout=90))["status"] == "completed"
+                done = cp.events(INSTANCE, "tool.completed", run_id=run_id)
+                return json.dumps([e["payload"]["output"] for e in done])
+
+            # A tool in the tree: a made-up key and the real key are refused, the placeholder works.
+            assert "status=401" in await tool_output("run-1", curl("ANTHROPIC_BASE_URL", "sk-stranger-0000000"))
+            assert "status=401" in await tool_output("run-2", curl("ANTHROPIC_BASE_URL", SECRET))
+            assert "status=200" in await tool_output("run-3", curl("ANTHROPIC_BASE_URL", old))
+
+            # A new provider process gets a new placeholder; the old one stops working.
+            os.killpg(first, signal.SIGKILL)
+            second = await wait_provider(driver, timeout=60, exclude=(first,))
+            await cp.wait_for_event(
+                INSTANCE,
+                lambda e: e["kind"] == "diagnostic.reported" and e["payload"]["code"] == "provider.restarted",
+                timeout=60,
+            )
+            new = placeholder_of(second, "ANTHROPIC_API_KEY")
+            assert new is not None and new != old
+            assert "status=401" in await tool_output("run-4", curl("ANTHROPIC_BASE_URL", old))
+            assert "status=200" in await tool_output("run-5", curl("ANTHROPIC_BASE_URL", new))
     finally:
         end_tree(driver)
