@@ -280,7 +280,7 @@ class ModelProxy:
         for key, value in raw:
             if key in HOP_BY_HOP:
                 continue
-            if key in CREDENTIAL_HEADERS:
+            if key in CREDENTIAL_HEADERS and self._secrets:
                 swapped = self._swap(value)
                 if swapped is None:
                     return [], False
@@ -288,7 +288,8 @@ class ModelProxy:
                 value = swapped
             out.append((key, value))
         out.append((b"accept-encoding", b"identity"))  # the usage reader reads what it forwards
-        return out, seen
+        # With no secret to withhold (a payload that wants budgets only), credentials pass as sent.
+        return out, seen or not self._secrets
 
     def _swap(self, value: bytes) -> bytes | None:
         text = value.decode("latin-1").strip()

@@ -38,7 +38,9 @@ class Harness:
 
 
 @asynccontextmanager
-async def proxied(routes: dict[str, str], budget: Budget | None = None) -> AsyncIterator[Harness]:
+async def proxied(
+    routes: dict[str, str], budget: Budget | None = None, secrets: dict[str, str] | None = None
+) -> AsyncIterator[Harness]:
     ledger = Ledger(budget or Budget())
     holder: dict[str, Harness] = {}
 
@@ -47,7 +49,7 @@ async def proxied(routes: dict[str, str], budget: Budget | None = None) -> Async
 
     proxy = ModelProxy(
         {name: Route(name, url) for name, url in routes.items()},
-        {"ANTHROPIC_API_KEY": SECRET, "OPENAI_API_KEY": OPENAI_SECRET},
+        {"ANTHROPIC_API_KEY": SECRET, "OPENAI_API_KEY": OPENAI_SECRET} if secrets is None else secrets,
         ledger,
         current_run=lambda: holder["h"].run_id,
         on_usage=on_usage,
@@ -271,3 +273,17 @@ async def test_keep_alive_connection_serves_several_requests() -> None:
                 r = await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=messages_body())
                 assert r.status_code == 200
             assert len(h.usage) == 3 and len(fake.requests) == 3
+
+
+async def test_with_no_secret_to_withhold_credentials_pass_and_budgets_still_apply() -> None:
+    with FakeAnthropic() as fake:
+        async with (
+            proxied({"anthropic": fake.base_url}, Budget(max_tokens_per_run=1), secrets={}) as h,
+            httpx2.AsyncClient() as client,
+        ):
+            url = f"{h.proxy.url}/anthropic/v1/messages"
+            first = await client.post(url, headers={"x-api-key": "sk-own-key-000000"}, json=messages_body())
+            second = await client.post(url, headers={"x-api-key": "sk-own-key-000000"}, json=messages_body())
+            assert (first.status_code, second.status_code) == (200, 429)
+            assert fake.request_headers[-1]["x-api-key"] == "sk-own-key-000000"
+            assert len(h.usage) == 1
