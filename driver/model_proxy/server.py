@@ -224,6 +224,9 @@ class ModelProxy:
                 await self._refuse_raw(conn, writer, errors.BAD_REQUEST, None, f"malformed request: {exc}")
                 return None
             if event is h11.NEED_DATA:
+                if conn.they_are_waiting_for_100_continue:
+                    # curl and others hold a large body back until told to send it.
+                    await self._send(writer, conn.send(h11.InformationalResponse(status_code=100, headers=[])))
                 data = await reader.read(READ_SIZE)
                 if not data and request is None and conn.their_state is h11.IDLE:
                     return None  # keep-alive connection closed between requests
@@ -353,6 +356,8 @@ class ModelProxy:
         dialect: Dialect | None,
         run_id: str | None,
     ) -> None:
+        import httpx2
+
         raw_headers = [(k.lower(), v) for k, v in response.headers.raw]
         out_headers = [(k, v) for k, v in raw_headers if k not in HOP_BY_HOP or k == b"content-length"]
         if any(k == b"transfer-encoding" for k, _ in raw_headers):
@@ -381,12 +386,16 @@ class ModelProxy:
                     if not chunk:
                         continue
                 await self._send(writer, conn.send(h11.Data(data=chunk)))
-        except _ClientGone:
-            # The provider hung up (an interrupt): what the upstream reported so far still counts.
+        except (_ClientGone, httpx2.HTTPError) as exc:
+            # The provider hung up (an interrupt), or the upstream did mid-answer: what the upstream
+            # reported so far still counts. The provider's connection closes (its answer is cut).
             if reader is not None and not accounted:
                 reader.close()
                 if reader.usage.reported:
                     await self._account(reader, route, request_body, request_id, run_id)
+            if isinstance(exc, httpx2.HTTPError):
+                log.warning("model_proxy.upstream_cut", route=route.name, error=type(exc).__name__)
+                raise _ClientGone from exc
             raise
         if reader is not None and not accounted:
             reader.close()

@@ -287,3 +287,40 @@ async def test_with_no_secret_to_withhold_credentials_pass_and_budgets_still_app
             assert (first.status_code, second.status_code) == (200, 429)
             assert fake.request_headers[-1]["x-api-key"] == "sk-own-key-000000"
             assert len(h.usage) == 1
+
+
+async def test_an_upstream_cut_mid_answer_closes_the_connection_and_counts_what_was_reported() -> None:
+    async with (
+        SpacedUpstream(anthropic_stream(), cut_after=3) as upstream,
+        proxied({"anthropic": upstream.url}) as h,
+        httpx2.AsyncClient() as client,
+    ):
+        headers = {"x-api-key": h.placeholders["ANTHROPIC_API_KEY"]}
+        with pytest.raises(httpx2.HTTPError):
+            await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=messages_body())
+        assert len(h.usage) == 1 and h.usage[0].input_tokens == 120 and h.usage[0].output_tokens == 0
+        # The proxy serves on.
+        upstream.cut_after = None
+        r = await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=messages_body())
+        assert r.status_code == 200 and len(h.usage) == 2
+
+
+async def test_expect_100_continue_is_answered() -> None:
+    with FakeAnthropic() as fake:
+        async with proxied({"anthropic": fake.base_url}) as h:
+            body = json.dumps(messages_body(stream=False)).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(h.proxy.url.rsplit(":", 1)[1]))
+            head = (
+                f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"x-api-key: {h.placeholders['ANTHROPIC_API_KEY']}\r\ncontent-length: {len(body)}\r\n"
+                "expect: 100-continue\r\nconnection: close\r\n\r\n"
+            )
+            writer.write(head.encode())
+            await writer.drain()
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert interim.startswith(b"HTTP/1.1 100")
+            writer.write(body)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 200") and b'"type": "message"' in answer

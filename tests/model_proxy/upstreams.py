@@ -24,6 +24,7 @@ class SpacedUpstream:
     gap_s: float = 0.0
     content_type: str = "text/event-stream"
     status: int = 200
+    cut_after: int | None = None  # close the connection after this many chunks, mid-answer
     received: list[Received] = field(default_factory=list)
     _server: asyncio.Server | None = None
 
@@ -61,6 +62,8 @@ class SpacedUpstream:
                 )
                 await writer.drain()
                 for i, chunk in enumerate(self.chunks):
+                    if self.cut_after is not None and i >= self.cut_after:
+                        return  # `finally` closes the socket: the answer is cut
                     if i and self.gap_s:
                         await asyncio.sleep(self.gap_s)  # the upstream's pace, not a wait in a test
                     writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
