@@ -263,3 +263,28 @@ async def test_strangers_in_the_tree_are_refused_and_a_restart_gets_a_fresh_plac
             assert "status=200" in await tool_output("run-5", curl("ANTHROPIC_BASE_URL", new))
     finally:
         end_tree(driver)
+
+
+@pytest.mark.provider
+async def test_the_claude_cli_with_an_oauth_token_gets_a_placeholder_bearer(tmp_path: Path, fakes: Fakes) -> None:
+    driver: DriverProcess | None = None
+    try:
+        async with control_plane(tmp_path) as cp:
+            payload = proxied_payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+            environment = payload["execution"]["environment"]
+            del environment["ANTHROPIC_API_KEY"]
+            environment["CLAUDE_CODE_OAUTH_TOKEN"] = SECRET
+            payload["execution"]["model_proxy"] = {"secrets": ["CLAUDE_CODE_OAUTH_TOKEN"]}
+            before = len(fakes.anthropic.request_headers)
+            driver = DriverProcess(tmp_path, payload)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:hi]]"})
+            status = await cp.wait_for_command_status(cid, timeout=90)
+            assert status["status"] == "completed", json.dumps(status)
+            headers = fakes.anthropic.request_headers[before:]
+            assert headers and all(h.get("authorization") == f"Bearer {SECRET}" for h in headers), headers
+            assert "agent-driver-placeholder-" not in json.dumps(headers)
+            tree = process_tree(driver.pid)[1:]
+            assert not [pid for pid in tree if SECRET.encode() in read_proc(pid, "environ")]
+    finally:
+        end_tree(driver)
