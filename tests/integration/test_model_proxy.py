@@ -288,3 +288,24 @@ async def test_the_claude_cli_with_an_oauth_token_gets_a_placeholder_bearer(tmp_
             assert not [pid for pid in tree if SECRET.encode() in read_proc(pid, "environ")]
     finally:
         end_tree(driver)
+
+
+@pytest.mark.provider
+async def test_a_spent_session_budget_fails_every_later_run(tmp_path: Path, fakes: Fakes) -> None:
+    driver: DriverProcess | None = None
+    try:
+        async with control_plane(tmp_path) as cp:
+            # claude-sonnet-4-5 is priced: the first request costs more than this, the next is refused.
+            budget = {"max_usd_per_session": 0.000001}
+            payload = proxied_payload("claude-agent-sdk", tmp_path, cp.url, fakes, budget=budget)
+            driver = DriverProcess(tmp_path, payload)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            for run_id, text in (("run-1", SHELL["claude-agent-sdk"]), ("run-2", "[[say:hi]]")):
+                cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": text})
+                assert (await cp.wait_for_command_status(cid, timeout=90))["status"] == "failed"
+                error = cp.events(INSTANCE, "run.failed", run_id=run_id)[0]["payload"]["error"]
+                assert (error["code"], error["details"]["limit"]) == ("budget.exceeded", "max_usd_per_session")
+            usage = [e["payload"] for e in cp.events(INSTANCE, "model.usage")]
+            assert [u["run_id"] for u in usage] == ["run-1"] and usage[0]["cost_usd"] > 0.000001
+    finally:
+        end_tree(driver)

@@ -230,3 +230,15 @@ def test_boot_refuses_a_secret_that_is_not_in_the_environment() -> None:
     }
     with pytest.raises(msgspec.ValidationError, match=r"model_proxy\.secrets"):
         BOOT_DECODER.decode(json.dumps(payload))
+
+
+def test_the_proxy_is_not_imported_without_model_proxy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, driver.cli, driver.kernel.core, driver.kernel.rooms, driver.kernel.provider;"
+        "print(sorted(m for m in sys.modules if m.startswith(('driver.model_proxy', 'httpx2'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
