@@ -10,14 +10,13 @@ before the provider can end its turn on that answer.
 
 Why h11 + httpx2: both were already in the environment (the mcp SDK's stack, maintained by the
 encode/pydantic projects), neither buffers a streamed body, and h11 is a pure parser: the server is
-the few lines below, with no framework in the hot path. Measured in docs/protocol.md.
+this module and `wire`, with no framework in the hot path. Measured in docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,7 +27,7 @@ import anyio
 import h11
 
 from driver import logs
-from driver.model_proxy import errors, prices
+from driver.model_proxy import errors, prices, wire
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.plan import Route, new_placeholder
 from driver.model_proxy.usage import Dialect, UsageReader, dialect_of
@@ -37,27 +36,6 @@ if TYPE_CHECKING:
     import httpx2
 
 log = logs.get("driver.model_proxy")
-
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
-READ_SIZE = 64 * 1024
-# Headers that describe one hop, not the message: never forwarded either way.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"accept-encoding",
-    }
-)
-# Where a provider puts its key: Anthropic's x-api-key, Bearer tokens (OpenAI, OAuth), Azure's api-key.
-CREDENTIAL_HEADERS = (b"x-api-key", b"authorization", b"api-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +66,6 @@ class UsageRecord:
 
 OnUsage = Callable[[UsageRecord], Awaitable[None]]
 OnExceeded = Callable[[str | None, Exceeded], None]
-
-
-class _ClientGone(Exception):
-    """The provider closed its connection."""
 
 
 class ModelProxy:
@@ -156,7 +130,7 @@ class ModelProxy:
 
     async def _build_client(self) -> None:
         try:
-            self._client = await anyio.to_thread.run_sync(_new_client, self._timeout_s)
+            self._client = await anyio.to_thread.run_sync(wire.new_client, self._timeout_s)
         except Exception as exc:
             log.error("model_proxy.client_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -189,7 +163,7 @@ class ModelProxy:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         try:
             while True:
-                got = await self._read_request(conn, reader, writer)
+                got = await wire.read_request(conn, reader, writer)
                 if got is None:
                     break
                 request, body = got
@@ -197,7 +171,7 @@ class ModelProxy:
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     break
                 conn.start_next_cycle()
-        except (_ClientGone, ConnectionError, h11.LocalProtocolError):
+        except (wire.ClientGone, ConnectionError, h11.LocalProtocolError):
             pass
         except asyncio.CancelledError:
             # close(): the connection task ends here (a top-level task of the server, not awaited by
@@ -212,40 +186,6 @@ class ModelProxy:
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _read_request(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[h11.Request, bytes] | None:
-        request: h11.Request | None = None
-        body = bytearray()
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._refuse_raw(conn, writer, errors.BAD_REQUEST, None, f"malformed request: {exc}")
-                return None
-            if event is h11.NEED_DATA:
-                if conn.they_are_waiting_for_100_continue:
-                    # curl and others hold a large body back until told to send it.
-                    await self._send(writer, conn.send(h11.InformationalResponse(status_code=100, headers=[])))
-                data = await reader.read(READ_SIZE)
-                if not data and request is None and conn.their_state is h11.IDLE:
-                    return None  # keep-alive connection closed between requests
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > MAX_REQUEST_BYTES:
-                    await self._refuse_raw(conn, writer, errors.TOO_LARGE, None, "request body too large")
-                    return None
-            elif isinstance(event, h11.EndOfMessage):
-                assert request is not None
-                return request, bytes(body)
-            elif isinstance(event, h11.ConnectionClosed):
-                return None
-            # h11.PAUSED cannot happen before the response; other events carry nothing for us.
-
     async def _handle(
         self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
     ) -> None:
@@ -256,13 +196,13 @@ class ModelProxy:
         dialect = dialect_of(path)
         shape: Dialect | None = dialect or ("anthropic" if name == "anthropic" else None)
         if route is None:
-            await self._refuse(conn, writer, errors.NOT_FOUND, shape, "no such model route on this proxy")
+            await wire.refuse(conn, writer, errors.NOT_FOUND, shape, "no such model route on this proxy")
             return
         headers, secret_ok = self._upstream_headers(request.headers)
         if not secret_ok:
             self.refused["auth"] += 1
             log.warning("model_proxy.refused", reason="placeholder", route=route.name)
-            await self._refuse(conn, writer, errors.AUTH, shape, "this proxy needs the current placeholder key")
+            await wire.refuse(conn, writer, errors.AUTH, shape, "this proxy needs the current placeholder key")
             return
         run_id = self._current_run()
         if dialect is not None:
@@ -271,7 +211,7 @@ class ModelProxy:
                 self.refused["budget"] += 1
                 log.warning("model_proxy.refused", reason="budget", route=route.name, limit=exceeded.limit)
                 self._on_exceeded(run_id, exceeded)
-                await self._refuse(conn, writer, errors.BUDGET, shape, exceeded.message)
+                await wire.refuse(conn, writer, errors.BUDGET, shape, exceeded.message)
                 return
         await self._forward(conn, writer, request, body, route, path, headers, dialect, run_id)
 
@@ -281,9 +221,9 @@ class ModelProxy:
         out: list[tuple[bytes, bytes]] = []
         seen = False
         for key, value in raw:
-            if key in HOP_BY_HOP:
+            if key in wire.HOP_BY_HOP:
                 continue
-            if key in CREDENTIAL_HEADERS and self._secrets:
+            if key in wire.CREDENTIAL_HEADERS and self._secrets:
                 swapped = self._swap(value)
                 if swapped is None:
                     return [], False
@@ -321,7 +261,7 @@ class ModelProxy:
         await self._client_ready.wait()
         client = self._client
         if client is None:
-            await self._refuse(conn, writer, errors.UPSTREAM, dialect, "the proxy has no upstream client")
+            await wire.refuse(conn, writer, errors.UPSTREAM, dialect, "the proxy has no upstream client")
             return
         started = time.monotonic()
         upstream_request = client.build_request(
@@ -331,7 +271,7 @@ class ModelProxy:
             response = await client.send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
             log.warning("model_proxy.upstream_failed", route=route.name, error=type(exc).__name__)
-            await self._refuse(
+            await wire.refuse(
                 conn, writer, errors.UPSTREAM, dialect, f"the upstream could not be reached ({type(exc).__name__})"
             )
             return
@@ -359,14 +299,14 @@ class ModelProxy:
         import httpx2
 
         raw_headers = [(k.lower(), v) for k, v in response.headers.raw]
-        out_headers = [(k, v) for k, v in raw_headers if k not in HOP_BY_HOP or k == b"content-length"]
+        out_headers = [(k, v) for k, v in raw_headers if k not in wire.HOP_BY_HOP or k == b"content-length"]
         if any(k == b"transfer-encoding" for k, _ in raw_headers):
             out_headers = [(k, v) for k, v in out_headers if k != b"content-length"]
         content_type = response.headers.get("content-type", "")
         streaming = content_type.startswith("text/event-stream")
         reader = UsageReader(dialect, streaming) if dialect is not None and response.status_code < 300 else None
         request_id = response.headers.get("request-id") or response.headers.get("x-request-id")
-        await self._send(
+        await wire.send(
             writer,
             conn.send(
                 h11.Response(status_code=response.status_code, headers=out_headers, reason=response.reason_phrase)
@@ -385,8 +325,8 @@ class ModelProxy:
                     chunk, held = held, chunk
                     if not chunk:
                         continue
-                await self._send(writer, conn.send(h11.Data(data=chunk)))
-        except (_ClientGone, httpx2.HTTPError) as exc:
+                await wire.send(writer, conn.send(h11.Data(data=chunk)))
+        except (wire.ClientGone, httpx2.HTTPError) as exc:
             # The provider hung up (an interrupt), or the upstream did mid-answer: what the upstream
             # reported so far still counts. The provider's connection closes (its answer is cut).
             if reader is not None and not accounted:
@@ -395,15 +335,15 @@ class ModelProxy:
                     await self._account(reader, route, request_body, request_id, run_id)
             if isinstance(exc, httpx2.HTTPError):
                 log.warning("model_proxy.upstream_cut", route=route.name, error=type(exc).__name__)
-                raise _ClientGone from exc
+                raise wire.ClientGone from exc
             raise
         if reader is not None and not accounted:
             reader.close()
             if reader.usage.reported:
                 await self._account(reader, route, request_body, request_id, run_id)
         if held:
-            await self._send(writer, conn.send(h11.Data(data=held)))
-        await self._send(writer, conn.send(h11.EndOfMessage()))
+            await wire.send(writer, conn.send(h11.Data(data=held)))
+        await wire.send(writer, conn.send(h11.EndOfMessage()))
 
     async def _account(
         self, reader: UsageReader, route: Route, request_body: bytes, request_id: str | None, run_id: str | None
@@ -432,55 +372,6 @@ class ModelProxy:
             await self._on_usage(record)
         except Exception as exc:
             log.warning("model_proxy.usage_not_reported", error=f"{type(exc).__name__}: {exc}")
-
-    # -- writing --------------------------------------------------------------------------------------
-    async def _refuse(
-        self, conn: h11.Connection, writer: asyncio.StreamWriter, kind: errors.Kind, shape: Dialect | None, message: str
-    ) -> None:
-        status, payload = errors.body(kind, shape, message)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (b"x-should-retry", b"false"),
-        ]
-        await self._send(writer, conn.send(h11.Response(status_code=status, headers=headers)))
-        await self._send(writer, conn.send(h11.Data(data=payload)))
-        await self._send(writer, conn.send(h11.EndOfMessage()))
-
-    async def _refuse_raw(
-        self, conn: h11.Connection, writer: asyncio.StreamWriter, kind: errors.Kind, shape: Dialect | None, message: str
-    ) -> None:
-        """A refusal before a whole request was read: the connection closes after it."""
-        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            with contextlib.suppress(h11.LocalProtocolError, _ClientGone, ConnectionError):
-                await self._refuse(conn, writer, kind, shape, message)
-
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, data: bytes | None) -> None:
-        if not data:
-            return
-        try:
-            writer.write(data)
-            await writer.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            raise _ClientGone from exc
-
-
-def _new_client(timeout_s: float) -> httpx2.AsyncClient:
-    import httpx2
-
-    timeout = httpx2.Timeout(connect=timeout_s, read=None, write=timeout_s, pool=None)
-    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
-        # The sandbox's egress proxy applies to the upstream, as it would to the provider (httpx2 reads
-        # the variables, NO_PROXY included, only for a client without its own transport).
-        return httpx2.AsyncClient(timeout=timeout, trust_env=True, follow_redirects=False)
-    # TCP_NODELAY towards the upstream: httpcore2 writes a request's head and body apart, and anyio's
-    # sockets do not set it, so the body would wait ~40 ms for the head's delayed ACK.
-    transport = httpx2.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    return httpx2.AsyncClient(timeout=timeout, trust_env=True, follow_redirects=False, transport=transport)
-
-
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def _request_model(body: bytes) -> str:
