@@ -41,6 +41,11 @@ class Route:
     upstream: str  # base URL, no trailing slash
 
     @property
+    def family(self) -> str:
+        """Whose keys this route takes: `anthropic` for `/anthropic`, `openai` for every other."""
+        return "anthropic" if self.name == "anthropic" else "openai"
+
+    @property
     def label(self) -> str:
         """The upstream as `model.usage` names it: scheme, host and path, never credentials or query."""
         parts = urlsplit(self.upstream)
@@ -48,6 +53,14 @@ class Route:
         if parts.port:
             host = f"{host}:{parts.port}"
         return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def family_of(secret_name: str) -> str:
+    """Whose key a secret is, by its variable's name: ANTHROPIC_* and CLAUDE_* (the Claude CLI's OAuth
+    token) are Anthropic's; any other (OPENAI_API_KEY, CODEX_API_KEY, a custom env_key) goes to the
+    OpenAI-compatible routes."""
+    upper = secret_name.upper()
+    return "anthropic" if "ANTHROPIC" in upper or "CLAUDE" in upper else "openai"
 
 
 def new_placeholder() -> str:

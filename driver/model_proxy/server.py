@@ -29,7 +29,7 @@ import h11
 from driver import logs
 from driver.model_proxy import errors, prices, wire
 from driver.model_proxy.budget import Exceeded, Ledger
-from driver.model_proxy.plan import Route, new_placeholder
+from driver.model_proxy.plan import Route, family_of, new_placeholder
 from driver.model_proxy.usage import Dialect, UsageReader, dialect_of
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ class ModelProxy:
         if route is None:
             await wire.refuse(conn, writer, errors.NOT_FOUND, shape, "no such model route on this proxy")
             return
-        headers, secret_ok = self._upstream_headers(request.headers)
+        headers, secret_ok = self._upstream_headers(request.headers, route)
         if not secret_ok:
             self.refused["auth"] += 1
             log.warning("model_proxy.refused", reason="placeholder", route=route.name)
@@ -215,7 +215,9 @@ class ModelProxy:
                 return
         await self._forward(conn, writer, request, body, route, path, headers, dialect, run_id)
 
-    def _upstream_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+    def _upstream_headers(
+        self, raw: Iterable[tuple[bytes, bytes]], route: Route
+    ) -> tuple[list[tuple[bytes, bytes]], bool]:
         """The headers for the upstream, each placeholder swapped for its secret; False when a credential
         header is missing or carries anything but a current placeholder."""
         out: list[tuple[bytes, bytes]] = []
@@ -224,7 +226,7 @@ class ModelProxy:
             if key in wire.HOP_BY_HOP:
                 continue
             if key in wire.CREDENTIAL_HEADERS and self._secrets:
-                swapped = self._swap(value)
+                swapped = self._swap(value, route)
                 if swapped is None:
                     return [], False
                 seen = True
@@ -234,13 +236,15 @@ class ModelProxy:
         # With no secret to withhold (a payload that wants budgets only), credentials pass as sent.
         return out, seen or not self._secrets
 
-    def _swap(self, value: bytes) -> bytes | None:
+    def _swap(self, value: bytes, route: Route) -> bytes | None:
         text = value.decode("latin-1").strip()
         scheme = ""
         if text[:7].lower() == "bearer ":
             scheme, text = text[:7], text[7:].strip()
         name = self._placeholders.get(text)
-        if name is None:
+        # A key only goes to its own vendor's upstream: an agent cannot send the OpenAI key to the
+        # Anthropic route's upstream (or to an OpenAI-compatible gateway) with the other placeholder.
+        if name is None or family_of(name) != route.family:
             return None
         return (scheme + self._secrets[name]).encode("latin-1")
 

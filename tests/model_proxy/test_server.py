@@ -324,3 +324,24 @@ async def test_expect_100_continue_is_answered() -> None:
             answer = await asyncio.wait_for(reader.read(), 10)
             writer.close()
             assert answer.startswith(b"HTTP/1.1 200") and b'"type": "message"' in answer
+
+
+async def test_a_placeholder_is_refused_on_another_vendors_route() -> None:
+    with FakeAnthropic() as anthropic, FakeResponses() as openai:
+        async with (
+            proxied({"anthropic": anthropic.base_url, "openai": openai.base_url}) as h,
+            httpx2.AsyncClient() as client,
+        ):
+            # The OpenAI placeholder on the Anthropic route, and the Anthropic one on the OpenAI route.
+            r1 = await client.post(
+                f"{h.proxy.url}/anthropic/v1/messages",
+                headers={"x-api-key": h.placeholders["OPENAI_API_KEY"]},
+                json=messages_body(),
+            )
+            r2 = await client.post(
+                f"{h.proxy.url}/openai/responses",
+                headers={"authorization": f"Bearer {h.placeholders['ANTHROPIC_API_KEY']}"},
+                json={"model": "gpt-5.5", "stream": True, "input": "hi"},
+            )
+            assert (r1.status_code, r2.status_code) == (401, 401)
+            assert anthropic.requests == [] and openai.requests == []
