@@ -345,3 +345,26 @@ async def test_a_placeholder_is_refused_on_another_vendors_route() -> None:
             )
             assert (r1.status_code, r2.status_code) == (401, 401)
             assert anthropic.requests == [] and openai.requests == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/anthropic//evil.example/v1/messages", "/anthropic/@evil.example/v1/messages", "http://evil.example/v1/messages"],
+)
+async def test_a_request_target_cannot_change_the_upstream_host(target: str) -> None:
+    async with SpacedUpstream(anthropic_stream()) as upstream, proxied({"anthropic": upstream.url}) as h:
+        own_host = upstream.url.removeprefix("http://")
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(h.proxy.url.rsplit(":", 1)[1]))
+        writer.write(
+            f"POST {target} HTTP/1.1\r\nhost: x\r\nx-api-key: {h.placeholders['ANTHROPIC_API_KEY']}\r\n"
+            "content-length: 2\r\nconnection: close\r\n\r\n{}".encode()
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    if target.startswith("http://"):
+        assert answer.startswith(b"HTTP/1.1 404") and upstream.received == []
+    else:
+        # Forwarded to the route's own upstream, the odd path kept as a path.
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert [r.headers["host"] for r in upstream.received] == [own_host]
