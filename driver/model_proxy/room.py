@@ -7,6 +7,7 @@ and ends a run whose budget is used with `run.failed{budget.exceeded}`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import logs
-from driver.adapters.base import ProviderError
+from driver.adapters.base import ProviderError, TurnOutcome
 from driver.model_proxy import plan
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.server import ModelProxy, UsageRecord
@@ -137,20 +138,27 @@ class ProxyRoom:
             return
         run.scope.cancel()
 
-    def settle(self, run: Run, outcome: Any, error: ProviderError | None) -> tuple[Any, ProviderError | None]:
-        """At the run's end: a used budget wins over what the provider made of the refusal (a cancelled
-        turn, an API error, a reply), and the run's usage is the proxy's figures."""
-        forced = run.forced_error
-        if forced is not None and forced.code == BUDGET_EXCEEDED and run.cancel_requested_by is None:
-            return None, forced
-        if outcome is not None and getattr(outcome, "status", None) == "completed":
-            import dataclasses
-
-            outcome = dataclasses.replace(outcome, usage=self.ledger.run(run.run_id).as_usage())
-        return outcome, error
+    def settle(
+        self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None
+    ) -> tuple[TurnOutcome | None, ProviderError | None]:
+        return settle(run, outcome, error, self.ledger.run(run.run_id).as_usage())
 
     def run_spent(self, run_id: str) -> dict[str, Any]:
         return self.ledger.run(run_id).as_usage()
+
+
+def settle(
+    run: Run, outcome: TurnOutcome | None, error: ProviderError | None, usage: dict[str, Any]
+) -> tuple[TurnOutcome | None, ProviderError | None]:
+    """At the run's end: a used budget wins over what the provider made of the refusal (a cancelled
+    turn, an API error, a reply), unless the CP asked for a cancel first; a completed run's usage is
+    the proxy's figures."""
+    forced = run.forced_error
+    if forced is not None and forced.code == BUDGET_EXCEEDED and run.cancel_requested_by is None:
+        return None, forced
+    if outcome is not None and outcome.status == "completed":
+        outcome = dataclasses.replace(outcome, usage=usage)
+    return outcome, error
 
 
 def _codex_home_source(execution: ExecutionConfig) -> Path | None:

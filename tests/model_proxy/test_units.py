@@ -242,3 +242,25 @@ def test_the_proxy_is_not_imported_without_model_proxy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- the run's end -----------------------------------------------------------------------------------
+
+
+async def test_settle_budget_wins_unless_a_cancel_came_first_and_usage_is_the_proxys() -> None:
+    from driver.adapters.base import ProviderError, TurnOutcome
+    from driver.model_proxy.room import settle
+    from driver.runs import Run
+
+    spent = {"input_tokens": 7, "output_tokens": 3, "cached_input_tokens": 0, "cost_usd": None, "model_requests": 1}
+    reply = TurnOutcome("completed", usage={"input_tokens": 999})
+    run = Run("r", "c")
+    assert settle(run, reply, None, spent) == (TurnOutcome("completed", usage=spent), None)
+    run.forced_error = ProviderError("budget.exceeded", "max_tokens_per_run", details={"limit": "max_tokens_per_run"})
+    assert settle(run, reply, None, spent) == (None, run.forced_error)
+    assert settle(run, TurnOutcome("cancelled"), None, spent) == (None, run.forced_error)
+    run.cancel_requested_by = "user"  # the CP's cancel came first: the cancel stays the terminal
+    assert settle(run, TurnOutcome("cancelled"), None, spent) == (TurnOutcome("cancelled"), None)
+    other = Run("r2", "c")
+    other.forced_error = ProviderError("provider.unresponsive", "quiet")
+    assert settle(other, None, None, spent) == (None, None)  # not ours: the run path handles it
