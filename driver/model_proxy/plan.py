@@ -165,21 +165,23 @@ _BASE_URL_LINE = re.compile(r'^(?P<lead>\s*base_url\s*=\s*)(?P<q>["\'])(?P<url>[
 
 
 def codex_home_urls(config_text: str) -> list[str]:
-    """The `base_url = "..."` values of a Codex config.toml, in order (one per line, as Codex writes them)."""
+    """The http(s) `base_url = "..."` values of a Codex config.toml, in order (one per line, as Codex
+    writes them). Another value is left alone: the proxy could not call it either."""
     out: list[str] = []
     for line in config_text.splitlines():
         match = _BASE_URL_LINE.match(line)
-        if match and match.group("url") not in out:
-            out.append(match.group("url"))
+        url = match.group("url") if match else ""
+        if match and url not in out and urlsplit(url).scheme in ("http", "https") and urlsplit(url).hostname:
+            out.append(url)
     return out
 
 
-def rewrite_codex_config(config_text: str, url_of: Callable[[str], str]) -> str:
-    """The config with every `base_url` replaced by `url_of(original)`."""
+def rewrite_codex_config(config_text: str, url_of: Callable[[str], str | None]) -> str:
+    """The config with every `base_url` replaced by `url_of(original)` (None: kept)."""
     lines = []
     for line in config_text.splitlines():
         match = _BASE_URL_LINE.match(line)
-        if match:
+        if match and url_of(match.group("url")) is not None:
             line = f'{match.group("lead")}"{url_of(match.group("url"))}"{match.group("tail")}'
         lines.append(line)
     return "\n".join(lines) + "\n"

@@ -63,7 +63,14 @@ class ProxyRoom:
         placeholders = self.proxy.rotate()
         logs.REDACTOR.add(placeholders.values())
         url = self.proxy.url
-        codex_home = self._codex_home(provider_dir, url) if self._codex_text is not None else None
+        codex_home: str | None = None
+        if self._codex_text is not None:
+            try:
+                codex_home = self._codex_home(provider_dir, url)
+            except OSError as exc:
+                # The agent keeps its own CODEX_HOME: it calls the upstream with a placeholder, which
+                # the upstream refuses; the key itself is still withheld.
+                log.error("model_proxy.codex_home_failed", error=f"{type(exc).__name__}: {exc.strerror}")
         env = plan.provider_environment(env, self.secrets, placeholders, url)
         if codex_home is not None and "CODEX_HOME" in env:
             env["CODEX_HOME"] = codex_home
@@ -82,7 +89,9 @@ class ProxyRoom:
                 continue
             os.symlink(entry, link)
         index = {u: i for i, u in enumerate(self._codex_urls)}
-        text = plan.rewrite_codex_config(self._codex_text, lambda u: f"{url}/codex-home-{index[u]}")
+        text = plan.rewrite_codex_config(
+            self._codex_text, lambda u: f"{url}/codex-home-{index[u]}" if u in index else None
+        )
         tmp = home / "config.toml.tmp"
         tmp.write_text(text)
         tmp.replace(home / "config.toml")

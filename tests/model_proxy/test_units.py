@@ -214,6 +214,11 @@ def test_codex_home_config_rewritten_line_by_line() -> None:
     assert plan.codex_home_urls(text) == ["http://one/v1", "http://two/v1"]
     out = plan.rewrite_codex_config(text, lambda u: "P" + str(plan.codex_home_urls(text).index(u)))
     assert 'base_url = "P0"' in out and '  base_url = "P1"  # note' in out and "http://" not in out
+    odd = 'base_url = "unix:///sock"\nbase_url = "http://ok/v1"\n'
+    assert plan.codex_home_urls(odd) == ["http://ok/v1"]
+    assert plan.rewrite_codex_config(odd, lambda u: "P" if u == "http://ok/v1" else None) == (
+        'base_url = "unix:///sock"\nbase_url = "P"\n'
+    )
 
 
 def test_boot_refuses_a_secret_that_is_not_in_the_environment() -> None:
@@ -264,3 +269,24 @@ async def test_settle_budget_wins_unless_a_cancel_came_first_and_usage_is_the_pr
     other = Run("r2", "c")
     other.forced_error = ProviderError("provider.unresponsive", "quiet")
     assert settle(other, None, None, spent) == (None, None)  # not ours: the run path handles it
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"environment": {"K": "v", "ANTHROPIC_BASE_URL": "file:///etc/passwd"}},
+        {"environment": {"K": "v", "OPENAI_BASE_URL": "ftp://x"}},
+        {"runtime": "openai-app-server", "environment": {"K": "v"}, "provider_options": {"base_url": 7}},
+    ],
+)
+def test_boot_refuses_an_upstream_the_proxy_cannot_call(fields: dict[str, object]) -> None:
+    execution = {"revision": "r", "runtime": "claude-agent-sdk", "model_proxy": {"secrets": ["K"]}, **fields}
+    payload = {
+        "protocol": 1,
+        "driver_instance_id": "i",
+        "control": {"url": "ws://x", "token": "t"},
+        "session": {"id": "s", "agent_id": "a", "kind": "cattle", "cwd": "/c", "state_dir": "/s"},
+        "execution": execution,
+    }
+    with pytest.raises(msgspec.ValidationError, match=r"must be http\(s\) URLs"):
+        BOOT_DECODER.decode(json.dumps(payload))
