@@ -35,6 +35,7 @@ def _ms_fields(value: Any) -> list[Any]:
 
 
 @pytest.mark.provider
+@pytest.mark.timeout(300)  # the subprocess's own bound; the 3-minute budget is asserted below
 def test_quick_evidence_for_acp(tmp_path: Path) -> None:
     out, md = tmp_path / "evidence.json", tmp_path / "evidence.md"
     t0 = time.monotonic()
