@@ -101,7 +101,7 @@ class ModelProxy:
         self._client: httpx2.AsyncClient | None = None
         self._client_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.refused = {"auth": 0, "budget": 0}
+        self.refused = {"placeholder": 0, "budget": 0}
 
     @property
     def url(self) -> str:
@@ -200,20 +200,26 @@ class ModelProxy:
             return
         headers, secret_ok = self._upstream_headers(request.headers, route)
         if not secret_ok:
-            self.refused["auth"] += 1
-            log.warning("model_proxy.refused", reason="placeholder", route=route.name)
+            self._count_refusal("placeholder", route)
             await wire.refuse(conn, writer, errors.AUTH, shape, "this proxy needs the current placeholder key")
             return
         run_id = self._current_run()
         if dialect is not None:
             exceeded = self.ledger.exceeded(run_id)
             if exceeded is not None:
-                self.refused["budget"] += 1
-                log.warning("model_proxy.refused", reason="budget", route=route.name, limit=exceeded.limit)
+                self._count_refusal("budget", route)
                 self._on_exceeded(run_id, exceeded)
                 await wire.refuse(conn, writer, errors.BUDGET, shape, exceeded.message)
                 return
         await self._forward(conn, writer, request, body, route, path, headers, dialect, run_id)
+
+    def _count_refusal(self, reason: str, route: Route) -> None:
+        """Counted always, logged for the first ten and every hundredth after: a tool hammering the
+        proxy with a wrong key must not flood the driver's log (and its uplink)."""
+        self.refused[reason] += 1
+        count = self.refused[reason]
+        if count <= 10 or count % 100 == 0:
+            log.warning("model_proxy.refused", reason=reason, route=route.name, count=count)
 
     def _upstream_headers(
         self, raw: Iterable[tuple[bytes, bytes]], route: Route
