@@ -150,6 +150,9 @@ class Lifecycle:
         if drain:
             # §8.1: the provider is stopped, its files complete; the drain below waits for the receipts.
             await k.checkpoints.at_stop()
+
+        if k.provider.proxy is not None:
+            await k.provider.proxy.close()
         await k.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled
         if drain:

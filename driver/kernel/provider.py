@@ -35,6 +35,7 @@ from driver.protocol.boot import NativeResume, RecoveryMessage
 if TYPE_CHECKING:
     from driver.checkpoints.restore import Restored
     from driver.kernel.core import Kernel
+    from driver.model_proxy.room import ProxyRoom
 
 log = logs.get("driver.kernel.provider")
 
@@ -67,6 +68,13 @@ class ProviderRoom:
         # fresh session is known.
         self._checkpoint_reset: tuple[str, str] | None = None
 
+        # PROTOCOL §6.7: the model proxy, only when the payload asks for it (imported only then).
+        self.proxy: ProxyRoom | None = None
+        if kernel.boot.execution.model_proxy is not None:
+            from driver.model_proxy.room import ProxyRoom
+
+            self.proxy = ProxyRoom(kernel)
+
     # -- building adapters ------------------------------------------------------------------------
     def replay_messages(self) -> list[RecoveryMessage]:
         """What a fresh session is given as context: boot recovery messages, then the transcript."""
@@ -87,6 +95,8 @@ class ProviderRoom:
         (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
         replay = self.replay_messages()
         execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)
+        if self.proxy is not None:
+            env, execution = self.proxy.adapt(env, execution, provider_dir)
         self._announced = False
         # With no ref to resume, a session that has history starts fresh with that history replayed,
         # and says so (runtime.session.reset with previous = null) once the new session is known.
@@ -294,6 +304,8 @@ class ProviderRoom:
         """Install skills, start the provider, then report `driver.started`."""
         k = self.k
         await self.install_skills()
+        if self.proxy is not None:
+            await self.proxy.start()
         await k.supervisor.boot()
         await self.report_containment()
         start_ms = k.supervisor.start_ms

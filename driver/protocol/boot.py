@@ -19,7 +19,12 @@ RUNTIMES: tuple[str, ...] = ("claude-agent-sdk", "openai-app-server", "acp")
 # Bounded so a number past 64 bits is refused at the boundary rather than overflowing a timer later.
 MAX_MS = 2**53
 ACP_REQUIRED = "execution.acp is required when execution.runtime is 'acp'"
-OWN_MESSAGES = frozenset({ACP_REQUIRED})
+PROXY_SECRET_MISSING = "execution.model_proxy.secrets names a variable that is not in execution.environment"
+PROXY_BAD_URL = (
+    "with execution.model_proxy, ANTHROPIC_BASE_URL, OPENAI_BASE_URL and provider_options.base_url must be "
+    "http(s) URLs"
+)
+OWN_MESSAGES = frozenset({ACP_REQUIRED, PROXY_SECRET_MISSING, PROXY_BAD_URL})
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -152,6 +157,26 @@ class BootPayload(_Strict):
     def __post_init__(self) -> None:
         if self.execution.runtime == "acp" and self.execution.acp is None:
             raise ValueError(ACP_REQUIRED)
+        proxy = self.execution.model_proxy
+        if proxy is not None and any(name not in self.execution.environment for name in proxy.secrets):
+            # A typo would leave the real key, under its real name, where the agent can read it.
+            raise ValueError(PROXY_SECRET_MISSING)
+        if proxy is not None and not _proxy_urls_ok(self.execution):
+            raise ValueError(PROXY_BAD_URL)
+
+
+def _proxy_urls_ok(execution: ExecutionConfig) -> bool:
+    """The upstreams the model proxy forwards to must be URLs it can call (PROTOCOL §6.7)."""
+    env = {**execution.environment, **(execution.acp.env if execution.acp else {})}
+    urls: list[object] = [env.get("ANTHROPIC_BASE_URL"), env.get("OPENAI_BASE_URL")]
+    if execution.runtime == "openai-app-server":
+        urls.append(execution.provider_options.get("base_url"))
+    for url in urls:
+        if url is None or url == "":
+            continue
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+            return False
+    return True
 
 
 BOOT_DECODER = msgspec.json.Decoder(BootPayload)

@@ -30,6 +30,7 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     MessageCompleted,
     MessageDelta,
     MessageStarted,
+    ModelUsage,
     PermissionOptionPayload,
     PermissionRequested,
     PermissionResolved,
@@ -111,6 +112,10 @@ EVENT_KINDS: dict[str, EventKind] = {
     "checkpoint.recorded": _k(CheckpointRecorded, run_scoped=False),
 
     "input.steered": _k(InputSteered),
+
+    # Not run-scoped in the kernel's sense: the proxy names the run itself (driver.model_proxy.room),
+    # so a request that outlived its run is still reported, never dropped.
+    "model.usage": _k(ModelUsage, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

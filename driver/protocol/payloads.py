@@ -179,6 +179,19 @@ class PlanUpdated(_P):
     entries: list[PlanEntry]
 
 
+class ModelUsage(_P):
+    """PROTOCOL §6.7: one model request, measured by the model proxy from the upstream's usage report."""
+
+    run_id: str | None
+    upstream: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    cost_usd: float | None
+    request_id: str | None
+
+
 class UsageUpdated(_P):
     input_tokens: int | None = None
     output_tokens: int | None = None

@@ -285,6 +285,17 @@ async def files(rig: Rig, base: Path) -> Case:
     )
 
 
+async def model_key_case(rig: Rig, runtime: str) -> Case:
+    """PROTOCOL §6.7's row (agent_lab.evidence.model_key): a model key behind the model proxy is
+    nowhere an agent tool can read. Kept apart from the control-token rows above."""
+    from agent_lab.evidence import model_key
+
+    try:
+        return await model_key.model_key(rig, runtime)
+    except Exception as exc:
+        return Case(model_key.NAME, "failed", {}, f"{type(exc).__name__}: {exc}"[:300])
+
+
 async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
     claim = Claim("isolation", runtime)
     instance = f"drv-ev-iso-{runtime}"
@@ -304,6 +315,8 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
             claim.cases.append(await attack())
         except Exception as exc:
             claim.cases.append(Case(name, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+
+    claim.cases.append(await model_key_case(rig, runtime))
     if runtime == "acp":
         try:
             claim.cases.append(await files(rig, rig.root))

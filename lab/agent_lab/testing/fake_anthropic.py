@@ -187,7 +187,7 @@ class _Handler(JsonHandler):
         body = self._read_body()
         path = self.path.split("?", 1)[0]
         if path == "/v1/messages" and isinstance(body, dict):
-            self.server.fake.record_message(body)
+            self.server.fake.record_message(body, dict(self.headers))
             self._messages(body)
         elif path == "/v1/messages/count_tokens":
             self.server.fake.record_other("POST", self.path, body)
@@ -293,6 +293,8 @@ class FakeAnthropic(ServedFake):
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
+        # The headers of each `/v1/messages` request (names lower-cased), to check which key arrived.
+        self.request_headers: list[dict[str, str]] = []
         self.other_requests: list[tuple[str, str, Any]] = []
         self._lock = threading.Lock()
         server = _Server((host, port), _Handler)
@@ -303,9 +305,10 @@ class FakeAnthropic(ServedFake):
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def record_message(self, body: dict[str, Any]) -> None:
+    def record_message(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         with self._lock:
             self.requests.append(body)
+            self.request_headers.append({k.lower(): v for k, v in (headers or {}).items()})
 
     def record_other(self, method: str, path: str, body: Any) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ const state = {
   seen: new Set(), // event ids shown (exposed for tests as window.agentConsole)
   received: 0, // stored events received, repeats included
   linkHistory: [],
+  spend: new Map(), // run id (or "outside runs") -> the model proxy's figures (model.usage, PROTOCOL §6.7)
 };
 window.agentConsole = state;
 
@@ -405,6 +406,8 @@ function runTerminal(event, p, at) {
   if (event.kind === "run.failed") parts.push(`${(p.error || {}).code}: ${(p.error || {}).message}`);
   if (event.kind === "run.cancelled") parts.push(`by ${p.requested_by}`, `phase: ${(p.details || {}).phase}`, p.reason);
   if (p.dropped_best_effort) parts.push(`${p.dropped_best_effort} best-effort dropped`);
+  const spent = state.spend.get(event.run_id);
+  if (spent) parts.push(`spent ${money(spent)}`);
   const node = row(event.kind, event, `terminal ${event.kind.replace(".", "-")}`, el("div", { class: "detail", text: parts.filter(Boolean).join(" · ") }));
   node.dataset.runId = event.run_id;
   if (event.kind === "run.cancelled") node.dataset.phase = (p.details || {}).phase || "";
@@ -421,6 +424,36 @@ function logRecords(event, p, at) {
   const lines = (p.records || []).map((r) => `${clock(r.at)} ${r.level} ${r.logger}: ${r.message}${r.fields && Object.keys(r.fields).length ? " " + JSON.stringify(r.fields) : ""}`);
   const dropped = p.dropped ? `, ${p.dropped} dropped before them` : "";
   place(row("log", event, "log", el("details", {}, el("summary", { text: `${lines.length} driver log line(s)${dropped}` }), el("pre", { text: lines.join("\n") }))), at);
+}
+
+// The spend of each run, from the model proxy's model.usage (one per model request): one row per run,
+// updated in place, and the run's terminal row says what it spent.
+function money(s) {
+  const usd = s.requests > s.unpriced ? `$${s.cost.toFixed(4)}` : "$-";
+  return s.unpriced && s.requests > s.unpriced ? `${usd} (+${s.unpriced} unpriced)` : usd;
+}
+
+function modelUsage(event, p, at) {
+  const runId = p.run_id || event.run_id || "outside runs";
+  const s = state.spend.get(runId) || { requests: 0, input: 0, output: 0, cached: 0, cost: 0, unpriced: 0 };
+  s.requests += 1;
+  s.input += p.input_tokens || 0;
+  s.output += p.output_tokens || 0;
+  s.cached += p.cached_input_tokens || 0;
+  if (p.cost_usd === null || p.cost_usd === undefined) s.unpriced += 1;
+  else s.cost += Number(p.cost_usd);
+  state.spend.set(runId, s);
+  const node = keyed(`spend:${runId}`, () => {
+    const made = row("spend", null, "usage spend", el("div", { class: "detail" }), el("details", { class: "requests" }, el("summary", { text: "requests" }), el("pre")));
+    made.dataset.kind = "model.usage";
+    return made;
+  }, at, event);
+  node.dataset.runId = runId;
+  node.dataset.costUsd = s.cost.toFixed(8);
+  node.dataset.requests = String(s.requests);
+  node.querySelector(".detail").textContent = `${runId}: ${money(s)} · ${s.requests} model request(s) · in ${s.input} · out ${s.output} · cached ${s.cached}`;
+  const cost = p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(6);
+  node.querySelector(".requests pre").textContent += `${clock(event.occurred_at)} ${p.model} in ${p.input_tokens} out ${p.output_tokens} cached ${p.cached_input_tokens} ${cost} ${p.request_id || ""} (${p.upstream})\n`;
 }
 
 const simple = (label, cls, describe) => (event, p, at) => place(row(label, event, cls, el("div", { class: "detail", text: describe(p, event) })), at);
@@ -444,6 +477,7 @@ const HANDLERS = {
   "run.cancelled": runTerminal,
   "artifact.produced": artifact,
   "log.records": logRecords,
+  "model.usage": modelUsage,
   "run.started": simple("run.started", "run", (p) => `${p.run_id}: ${p.input_summary || ""}`),
   "input.steered": simple("steered", "steered", (p) => `${p.mode === "native" ? "into the running turn" : "as one more turn"}: ${p.text}`),
   "driver.started": simple("driver.started", "driver", (p) => `${p.runtime}, epoch ${p.epoch}, revision ${p.revision}`),

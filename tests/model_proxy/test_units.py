@@ -1,0 +1,292 @@
+"""The proxy's pure parts: the usage reader, the price table, the budget ledger, the per-runtime plan."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from driver.model_proxy import plan, prices
+from driver.model_proxy.budget import Ledger
+from driver.model_proxy.usage import UsageReader, dialect_of
+from driver.protocol.boot import BOOT_DECODER, Budget, ExecutionConfig
+from tests.model_proxy.upstreams import anthropic_stream
+
+
+def sse(kind: str, data: dict[str, object]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+# -- usage -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 64, 100_000])
+def test_anthropic_usage_whatever_the_chunking(size: int) -> None:
+    stream = b"".join(anthropic_stream(input_tokens=100, output_tokens=40))
+    reader = UsageReader("anthropic", streaming=True)
+    finished_at = None
+    for i in range(0, len(stream), size):
+        if reader.feed(stream[i : i + size]) and finished_at is None:
+            finished_at = i
+    u = reader.close()
+    assert (u.model, u.input_tokens, u.cached_input_tokens, u.output_tokens) == ("claude-sonnet-4-5", 120, 20, 40)
+    # The end is seen in the chunk holding message_stop, the stream's last event.
+    assert finished_at is not None and finished_at + size >= len(stream) - len(
+        sse("message_stop", {"type": "message_stop"})
+    )
+
+
+def test_responses_usage_from_completed_with_crlf_framing() -> None:
+    usage = {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 30}, "output_tokens": 7}
+    events = [
+        sse("response.created", {"type": "response.created", "response": {"model": "gpt-5.5"}}),
+        sse("response.output_text.delta", {"type": "response.output_text.delta", "delta": "usage"}),
+        sse("response.completed", {"type": "response.completed", "response": {"model": "gpt-5.5", "usage": usage}}),
+    ]
+    stream = b"".join(events).replace(b"\n", b"\r\n")
+    reader = UsageReader("responses", streaming=True)
+    assert reader.feed(stream) is True
+    u = reader.usage
+    assert (u.model, u.input_tokens, u.cached_input_tokens, u.output_tokens) == ("gpt-5.5", 50, 30, 7)
+
+
+def test_chat_completions_usage_then_done() -> None:
+    chunk = {"model": "gpt-4o-mini", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}
+    reader = UsageReader("chat", streaming=True)
+    assert reader.feed(f"data: {json.dumps(chunk)}\n\n".encode()) is False
+    assert reader.feed(b"data: [DONE]\n\n") is True
+    assert (reader.usage.input_tokens, reader.usage.output_tokens) == (9, 4)
+
+
+def test_json_answer_read_at_its_end_and_garbage_ignored() -> None:
+    body = {"model": "claude-haiku-4-5", "usage": {"input_tokens": 10, "output_tokens": 2}}
+    reader = UsageReader("anthropic", streaming=False)
+    assert reader.feed(json.dumps(body).encode()) is False
+    assert reader.close().output_tokens == 2
+    bad = UsageReader("anthropic", streaming=True)
+    bad.feed(b"data: {not json\n\ndata: \xff\xfe\n\n")
+    assert bad.close().reported is False
+
+
+def test_a_stream_with_no_event_boundary_is_bounded() -> None:
+    reader = UsageReader("anthropic", streaming=True)
+    for _ in range(80):
+        reader.feed(b"x" * 65536)  # 5 MiB without a blank line: dropped, not kept
+    assert reader.close().reported is False
+
+
+def test_dialect_by_path() -> None:
+    assert dialect_of("/v1/messages?beta=true") == "anthropic"
+    assert dialect_of("/v1/responses") == "responses"
+    assert dialect_of("/chat/completions") == "chat"
+    assert dialect_of("/v1/messages/count_tokens") is None
+    assert dialect_of("/v1/models") is None
+
+
+# -- prices ------------------------------------------------------------------------------------------
+
+
+def test_prices_longest_prefix_and_unknown_models() -> None:
+    assert prices.price_of("claude-sonnet-4-5-20250929") == prices.PRICES["claude-sonnet-4"]
+    assert prices.price_of("claude-opus-4-5") == prices.PRICES["claude-opus-4-5"]
+    assert prices.price_of("gpt-5-mini-2025-08-07") == prices.PRICES["gpt-5-mini"]
+    assert prices.price_of("gpt-50") is None  # a prefix must end at a separator
+    assert prices.cost_usd("my-local-model", input_tokens=10, output_tokens=10) is None
+
+
+def test_cost_prices_cached_and_written_tokens_at_their_rates() -> None:
+    # claude-sonnet-4: 3 in, 15 out, 0.3 cached, 3.75 cache write (USD per million).
+    cost = prices.cost_usd(
+        "claude-sonnet-4-5",
+        input_tokens=1_000_000,
+        output_tokens=100_000,
+        cached_input_tokens=500_000,
+        cache_write_tokens=100_000,
+    )
+    assert cost == pytest.approx(0.4 * 3 + 0.5 * 0.3 + 0.1 * 3.75 + 0.1 * 15)
+
+
+# -- budget ------------------------------------------------------------------------------------------
+
+
+def test_budget_limits_each_reached_then_refused() -> None:
+    ledger = Ledger(Budget(max_usd_per_run=1.0, max_tokens_per_run=100, max_usd_per_session=1.7))
+    assert ledger.exceeded("r1") is None
+    ledger.record("r1", 50, 49, 0, 0.5)
+    assert ledger.exceeded("r1") is None
+    ledger.record("r1", 1, 0, 0, 0.1)
+    assert ledger.exceeded("r1").limit == "max_tokens_per_run"  # type: ignore[union-attr]
+    ledger.record("r2", 1, 1, 0, 1.0)
+    assert ledger.exceeded("r2").limit == "max_usd_per_run"  # type: ignore[union-attr]
+    assert ledger.exceeded("r3") is None
+    ledger.record("r3", 1, 1, 0, 0.2)
+    assert ledger.exceeded("r3").limit == "max_usd_per_session"  # type: ignore[union-attr]
+    assert ledger.exceeded(None).limit == "max_usd_per_session"  # type: ignore[union-attr]
+    spent = ledger.run("r1").as_usage()
+    assert spent == {
+        "input_tokens": 51,
+        "output_tokens": 49,
+        "cached_input_tokens": 0,
+        "cost_usd": pytest.approx(0.6),
+        "model_requests": 2,
+    }
+
+
+def test_unpriced_requests_count_tokens_but_not_usd() -> None:
+    ledger = Ledger(Budget(max_usd_per_run=0.01, max_tokens_per_run=10))
+    ledger.record("r", 5, 6, 0, None)
+    assert ledger.run("r").as_usage()["cost_usd"] is None
+    assert ledger.exceeded("r").limit == "max_tokens_per_run"  # type: ignore[union-attr]
+
+
+# -- plan --------------------------------------------------------------------------------------------
+
+
+def execution(**fields: object) -> ExecutionConfig:
+    base: dict[str, object] = {"revision": "r", "runtime": "claude-agent-sdk"}
+    return msgspec.convert({**base, **fields}, ExecutionConfig)
+
+
+def test_routes_use_the_payload_upstreams_else_the_vendors() -> None:
+    ex = execution(environment={"ANTHROPIC_API_KEY": "k" * 10}, model_proxy={"secrets": ["ANTHROPIC_API_KEY"]})
+    routes = plan.routes(ex)
+    assert routes["anthropic"].upstream == plan.ANTHROPIC_VENDOR and routes["openai"].upstream == plan.OPENAI_VENDOR
+    ex = execution(
+        runtime="openai-app-server",
+        environment={"OPENAI_BASE_URL": "http://up.example:81/v1/", "K": "secret-value"},
+        provider_options={"base_url": "https://gw.example/v1"},
+        model_proxy={"secrets": ["K"]},
+    )
+    routes = plan.routes(ex)
+    assert (
+        routes["openai"].upstream == "http://up.example:81/v1" and routes["codex"].upstream == "https://gw.example/v1"
+    )
+    with pytest.raises(plan.PlanError):
+        plan.routes(execution(environment={"ANTHROPIC_BASE_URL": "file:///etc"}))
+
+
+def test_route_label_never_carries_credentials() -> None:
+    assert plan.Route("x", "https://user:pw@gw.example:8443/v1?key=1").label == "https://gw.example:8443/v1"
+
+
+def test_provider_environment_withholds_each_secret_under_any_name() -> None:
+    secrets = {"ANTHROPIC_API_KEY": "sk-real-0123456789"}
+    placeholders = {"ANTHROPIC_API_KEY": plan.new_placeholder()}
+    env = {"ANTHROPIC_API_KEY": "sk-real-0123456789", "COPY": "sk-real-0123456789", "PATH": "/bin"}
+    out = plan.provider_environment(env, secrets, placeholders, "http://127.0.0.1:9")
+    assert "sk-real-0123456789" not in json.dumps(out)
+    assert out["ANTHROPIC_API_KEY"] == out["COPY"] == placeholders["ANTHROPIC_API_KEY"]
+    assert out["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/anthropic"
+    assert out["OPENAI_BASE_URL"] == "http://127.0.0.1:9/openai" and out["PATH"] == "/bin"
+
+
+def test_provider_execution_points_codex_and_acp_at_the_proxy() -> None:
+    secrets = {"K": "sk-real-0123456789"}
+    placeholders = {"K": "ph"}
+    ex = execution(
+        runtime="openai-app-server",
+        environment={"K": "sk-real-0123456789"},
+        provider_options={"base_url": "https://gw.example/v1", "env_key": "K"},
+        model_proxy={"secrets": ["K"]},
+    )
+    out = plan.provider_execution(ex, secrets, placeholders, "http://127.0.0.1:9")
+    assert out.provider_options["base_url"] == "http://127.0.0.1:9/codex" and out.provider_options["env_key"] == "K"
+    assert out.environment == {"K": "ph"}
+    acp = execution(
+        runtime="acp",
+        environment={"K": "sk-real-0123456789"},
+        acp={
+            "command": ["agent"],
+            "env": {"K": "sk-real-0123456789", "ANTHROPIC_BASE_URL": "http://u", "CODEX_HOME": "/h"},
+        },
+        model_proxy={"secrets": ["K"]},
+    )
+    out = plan.provider_execution(acp, secrets, placeholders, "http://127.0.0.1:9", codex_home="/proxied")
+    assert out.acp is not None
+    assert out.acp.env == {"K": "ph", "ANTHROPIC_BASE_URL": "http://127.0.0.1:9/anthropic", "CODEX_HOME": "/proxied"}
+
+
+def test_codex_home_config_rewritten_line_by_line() -> None:
+    text = (
+        "[model_providers.a]\nbase_url = \"http://one/v1\"\n[model_providers.b]\n  base_url = 'http://two/v1'  # note\n"
+    )
+    assert plan.codex_home_urls(text) == ["http://one/v1", "http://two/v1"]
+    out = plan.rewrite_codex_config(text, lambda u: "P" + str(plan.codex_home_urls(text).index(u)))
+    assert 'base_url = "P0"' in out and '  base_url = "P1"  # note' in out and "http://" not in out
+    odd = 'base_url = "unix:///sock"\nbase_url = "http://ok/v1"\n'
+    assert plan.codex_home_urls(odd) == ["http://ok/v1"]
+    assert plan.rewrite_codex_config(odd, lambda u: "P" if u == "http://ok/v1" else None) == (
+        'base_url = "unix:///sock"\nbase_url = "P"\n'
+    )
+
+
+def test_boot_refuses_a_secret_that_is_not_in_the_environment() -> None:
+    payload = {
+        "protocol": 1,
+        "driver_instance_id": "i",
+        "control": {"url": "ws://x", "token": "t"},
+        "session": {"id": "s", "agent_id": "a", "kind": "cattle", "cwd": "/c", "state_dir": "/s"},
+        "execution": {
+            "revision": "r",
+            "runtime": "claude-agent-sdk",
+            "model_proxy": {"secrets": ["ANTHROPIC_API_KEY"]},
+        },
+    }
+    with pytest.raises(msgspec.ValidationError, match=r"model_proxy\.secrets"):
+        BOOT_DECODER.decode(json.dumps(payload))
+
+
+def test_the_proxy_is_not_imported_without_model_proxy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, driver.cli, driver.kernel.core, driver.kernel.rooms, driver.kernel.provider;"
+        "print(sorted(m for m in sys.modules if m.startswith(('driver.model_proxy', 'httpx2'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- the run's end -----------------------------------------------------------------------------------
+
+
+async def test_settle_budget_wins_unless_a_cancel_came_first_and_usage_is_the_proxys() -> None:
+    from driver.adapters.base import ProviderError, TurnOutcome
+    from driver.model_proxy.room import settle
+    from driver.runs import Run
+
+    spent = {"input_tokens": 7, "output_tokens": 3, "cached_input_tokens": 0, "cost_usd": None, "model_requests": 1}
+    reply = TurnOutcome("completed", usage={"input_tokens": 999})
+    run = Run("r", "c")
+    assert settle(run, reply, None, spent) == (TurnOutcome("completed", usage=spent), None)
+    run.forced_error = ProviderError("budget.exceeded", "max_tokens_per_run", details={"limit": "max_tokens_per_run"})
+    assert settle(run, reply, None, spent) == (None, run.forced_error)
+    assert settle(run, TurnOutcome("cancelled"), None, spent) == (None, run.forced_error)
+    run.cancel_requested_by = "user"  # the CP's cancel came first: the cancel stays the terminal
+    assert settle(run, TurnOutcome("cancelled"), None, spent) == (TurnOutcome("cancelled"), None)
+    other = Run("r2", "c")
+    other.forced_error = ProviderError("provider.unresponsive", "quiet")
+    assert settle(other, None, None, spent) == (None, None)  # not ours: the run path handles it
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"environment": {"K": "v", "ANTHROPIC_BASE_URL": "file:///etc/passwd"}},
+        {"environment": {"K": "v", "OPENAI_BASE_URL": "ftp://x"}},
+        {"runtime": "openai-app-server", "environment": {"K": "v"}, "provider_options": {"base_url": 7}},
+    ],
+)
+def test_boot_refuses_an_upstream_the_proxy_cannot_call(fields: dict[str, object]) -> None:
+    execution = {"revision": "r", "runtime": "claude-agent-sdk", "model_proxy": {"secrets": ["K"]}, **fields}
+    payload = {
+        "protocol": 1,
+        "driver_instance_id": "i",
+        "control": {"url": "ws://x", "token": "t"},
+        "session": {"id": "s", "agent_id": "a", "kind": "cattle", "cwd": "/c", "state_dir": "/s"},
+        "execution": execution,
+    }
+    with pytest.raises(msgspec.ValidationError, match=r"must be http\(s\) URLs"):
+        BOOT_DECODER.decode(json.dumps(payload))
