@@ -128,6 +128,7 @@ class Lifecycle:
         if run is not None:
             await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)
             await run.ended.wait()
+        await k.processes.stop_all()  # §6.8: TERM, then KILL after 3 s; their exits are lossless
         await k.supervisor.stop()
         await k.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled

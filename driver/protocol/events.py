@@ -31,7 +31,10 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     PermissionResolved,
     PlanEntry,
     PlanUpdated,
+    ProcessExited,
     ProcessLeft,
+    ProcessOutput,
+    ProcessStarted,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -102,6 +105,9 @@ EVENT_KINDS: dict[str, EventKind] = {
     "host_tool.resolved": _k(HostToolResolved, run_scoped=False),
     "runtime.timing.recorded": _k(TimingRecorded, run_scoped=False),
     "log.records": _k(LogRecords, "best_effort", run_scoped=False),
+    "process.started": _k(ProcessStarted, run_scoped=False),
+    "process.output": _k(ProcessOutput, "best_effort", run_scoped=False),
+    "process.exited": _k(ProcessExited, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

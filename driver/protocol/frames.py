@@ -78,12 +78,21 @@ class HeartbeatActivity(msgspec.Struct, kw_only=True):
     tool_running_ms: int | None = None
 
 
+class HeartbeatProcess(msgspec.Struct, kw_only=True):
+    """A running process of PROTOCOL §6.8."""
+
+    process_id: str
+    pid: int
+    running_ms: int
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", tag_field="type", kw_only=True):
     at: str
     state: DriverStateName
     run_id: str | None
     outbox: HeartbeatOutbox
     activity: HeartbeatActivity | None = None
+    processes: list[HeartbeatProcess] = msgspec.field(default_factory=list)  # §6.8
 
 
 class CommandError(msgspec.Struct, frozen=True):

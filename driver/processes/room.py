@@ -1,0 +1,438 @@
+"""The kernel's process room (PROTOCOL §6.8): the processes beside the agent, their commands, their
+output and their ends.
+
+Each process has one task (`_life`): it pumps the output (into the ring first, then as best-effort
+`process.output` events with the offset of their first byte), waits for the exit, and then admits
+the lossless `process.exited`, once. Processes belong to the session: a run's cancel never reaches
+them; `session.stop` ends them (TERM, then KILL after 3 s); the driver's death ends them through the
+containment they were started in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import struct
+import termios
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from driver import containment, logs
+from driver.adapters.environment import provider_env
+from driver.interfaces import PathNotAllowed
+from driver.processes import spawn as spawning
+from driver.processes.ring import plan_replay
+from driver.processes.ringfile import RingFile, reset_folder
+from driver.processes.spec import MAX_PROCESSES, SIGNALS, SpecError, argv_of, env_of, exit_info
+from driver.processes.text import TAIL_BYTES, chunk_limit, complete_length, decode, tail_of
+from driver.protocol import commands as cmds
+from driver.protocol.frames import CommandError, HeartbeatProcess
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.processes")
+
+STOP_GRACE_S = 3.0  # session.stop: TERM, then KILL after this long
+KILL_WAIT_S = 5.0  # after KILL, how long stop waits for the exits to be reported
+OUTPUT_DRAIN_S = 2.0  # after the exit, how long the output may still be read (a child may hold it open)
+INPUT_TIMEOUT_S = 10.0  # a process.input that the process does not read within this fails
+KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest go first)
+# Flow control: the reader pauses while this many best-effort events wait for the link, so a flood
+# slows the process (as a terminal over ssh would) instead of filling the buffer and dropping.
+PACE_EVENTS = 8
+PACE_STEP_S = 0.002
+PACE_MAX_STEPS = 500
+
+
+class CommandFailed(Exception):
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.error = CommandError(code, message, retryable)
+
+
+@dataclass(eq=False)
+class Proc:
+    process_id: str
+    argv: list[str]
+    pty: tuple[int, int] | None
+    spawned: spawning.Spawned
+    ring: RingFile
+    started: float = field(default_factory=time.monotonic)
+    running: bool = True
+    next_live: int = 0  # the offset of the first byte not yet sent live
+    pending: bytes = b""  # the start of a character the next read completes
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    output_done: anyio.Event = field(default_factory=anyio.Event)
+    write_lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def pid(self) -> int:
+        return self.spawned.proc.pid
+
+
+class ProcessRoom:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        self.root = reset_folder(Path(kernel.boot.session.state_dir))
+        self.procs: dict[str, Proc] = {}
+        self._exited: deque[str] = deque()
+        self._generation = 0
+
+    # -- commands ---------------------------------------------------------------------------------
+    async def execute(self, command: cmds.ProcessCommand) -> tuple[dict[str, Any] | None, CommandError | None]:
+        """Run one process.* command: (result, None) or (None, error)."""
+        try:
+            match command:
+                case cmds.ProcessStart():
+                    return await self.start(command), None
+                case cmds.ProcessInput():
+                    await self.input(self._get(command.process_id), command.data.encode())
+                    return {}, None
+                case cmds.ProcessResize():
+                    self.resize(self._get(command.process_id), command.cols, command.rows)
+                    return {}, None
+                case cmds.ProcessSignal():
+                    return self.signal(self._get(command.process_id), SIGNALS[command.signal]), None
+                case cmds.ProcessReplay():
+                    return await self.replay(self._get(command.process_id), command.from_offset), None
+        except CommandFailed as exc:
+            return None, exc.error
+        except SpecError as exc:
+            return None, CommandError(exc.code, exc.message)
+        return None, CommandError("command.invalid", "not a process command")
+
+    def _get(self, process_id: str) -> Proc:
+        p = self.procs.get(process_id)
+        if p is None:
+            raise CommandFailed("process.not_found", f"no process {process_id!r} in this driver process")
+        return p
+
+    async def start(self, c: cmds.ProcessStart) -> dict[str, Any]:
+        k = self.k
+        old = self.procs.get(c.process_id)
+        if old is not None and old.running:
+            raise CommandFailed("process.exists", f"process {c.process_id!r} is running")
+        if sum(1 for p in self.procs.values() if p.running) >= MAX_PROCESSES:
+            raise CommandFailed("process.limit", f"at most {MAX_PROCESSES} processes run at once", retryable=True)
+        cwd = self._cwd(c.cwd)
+        pty = (c.pty.cols, c.pty.rows) if c.pty is not None else None
+        proxy = k.boot.execution.model_proxy
+        env = env_of(self._provider_env(), c.env, proxy.secrets if proxy else [], pty=pty is not None)
+        argv = argv_of(c.argv, env, _account_shell())
+        if _executable(argv[0], env.get("PATH"), cwd) is None:
+            raise CommandFailed("process.spawn_failed", f"argv[0] is not an executable: {argv[0][:200]!r}")
+        prefix = await spawning.prefix()
+        try:
+            spawned = spawning.spawn(argv, env, cwd, pty, prefix)
+        except OSError as exc:
+            raise CommandFailed("process.spawn_failed", f"the process could not start: {exc.strerror or exc}") from None
+        containment.started(spawned.proc.pid)
+        if old is not None:
+            self._forget(old)
+        self._generation += 1
+        p = Proc(c.process_id, argv, pty, spawned, RingFile(self.root, c.process_id, self._generation))
+        self.procs[c.process_id] = p
+        await k.emit(
+            "process.started",
+            {
+                "process_id": p.process_id,
+                "argv": argv,
+                "pty": {"cols": pty[0], "rows": pty[1]} if pty else None,
+                "pid": p.pid,
+            },
+        )
+        log.info("process.started", process_id=p.process_id, pid=p.pid, pty=pty is not None)
+        k.spawn(self._life, p)
+        return {"pid": p.pid}
+
+    def _cwd(self, requested: str | None) -> Path:
+        try:
+            path = self.k.files.admit(requested if requested is not None else self.k.files.cwd)
+        except PathNotAllowed as exc:
+            raise CommandFailed("path.not_allowed", f"cwd: {exc}") from None
+        if not path.is_dir():
+            raise CommandFailed("path.not_allowed", "cwd is not a directory")
+        return path
+
+    def _provider_env(self) -> dict[str, str]:
+        boot = self.k.boot
+        home = Path(boot.session.state_dir) / "providers" / boot.execution.runtime / "home"
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return provider_env(boot.execution.environment, home=str(home))
+
+    async def input(self, p: Proc, data: bytes) -> None:
+        if not p.running:
+            raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
+        fd = p.spawned.write_fd
+        view = memoryview(data)
+        with anyio.move_on_after(INPUT_TIMEOUT_S) as scope:
+            async with p.write_lock:
+                while view:
+                    try:
+                        view = view[os.write(fd, view) :]
+                    except BlockingIOError:
+                        await anyio.wait_writable(fd)
+                    except OSError as exc:  # EPIPE, EIO, EBADF: its input is gone
+                        raise CommandFailed("process.not_running", f"its input is closed ({exc.strerror})") from None
+        if scope.cancelled_caught:
+            raise CommandFailed("process.busy", "the process did not read its input in time", retryable=True)
+
+    def resize(self, p: Proc, cols: int, rows: int) -> None:
+        if p.pty is None:
+            raise CommandFailed("process.not_a_terminal", f"process {p.process_id!r} has pipes, not a terminal")
+        if not p.running:
+            raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
+        try:
+            spawning.set_winsize(p.spawned.write_fd, cols, rows)
+        except OSError as exc:
+            raise CommandFailed("process.not_running", f"its terminal is gone ({exc.strerror})") from None
+        p.pty = (cols, rows)
+
+    def signal(self, p: Proc, sig: int) -> dict[str, Any]:
+        if not p.running:
+            return {"already_exited": True}
+        _send(p, sig)
+        return {}
+
+    async def replay(self, p: Proc, from_offset: int) -> dict[str, Any]:
+        total = p.ring.total
+        if from_offset > total:
+            raise CommandFailed("process.offset_ahead", f"from_offset {from_offset} is past the output ({total} bytes)")
+        plan = plan_replay(from_offset, total, p.ring.capacity)
+        data = p.ring.read(plan.start, plan.end)  # read at once: the ring may turn while this is sent
+        await self._send_text(p, plan.start, data, truncated_before=plan.truncated_before)
+        return {"from_offset": plan.start, "to_offset": plan.end, "truncated_before": plan.truncated_before}
+
+    # -- output -----------------------------------------------------------------------------------
+    async def _send_text(self, p: Proc, offset: int, data: bytes, *, truncated_before: bool = False) -> None:
+        """Send `data` (output from `offset`) as process.output events of at most the chunk limit,
+        cut between characters."""
+        limit = chunk_limit(self.k.max_event_bytes)
+        at = 0
+        while at < len(data) or (at == 0 and truncated_before):
+            piece = data[at : at + limit]
+            n = len(piece)
+            if at + n < len(data):
+                n = complete_length(piece) or n
+            body: dict[str, Any] = {"process_id": p.process_id, "offset": offset + at, "data": decode(piece[:n])}
+            if at == 0 and truncated_before:
+                body["truncated_before"] = True  # an empty event says it when nothing is left to resend
+            await self.k.emit("process.output", body)
+            at += n
+            if n == 0:
+                break
+
+    async def _live(self, p: Proc, data: bytes, *, final: bool) -> None:
+        buf = p.pending + data
+        n = len(buf) if final else complete_length(buf)
+        if n:
+            await self._send_text(p, p.next_live, buf[:n])
+        p.next_live += n
+        p.pending = buf[n:]
+
+    async def _pump(self, p: Proc) -> None:
+        fd = p.spawned.read_fd
+        try:
+            while True:
+                await anyio.wait_readable(fd)
+                data, eof = _read_available(fd, chunk_limit(self.k.max_event_bytes))
+                if data:
+                    p.ring.append(data)
+                    await self._live(p, data, final=False)
+                    await self._pace()
+                if eof:
+                    return
+        finally:
+            p.output_done.set()
+
+    async def _pace(self) -> None:
+        outbox = self.k.outbox
+        for _ in range(PACE_MAX_STEPS):  # bounded: a stalled link never holds a process for long
+            if not (outbox.link_up and len(outbox.best_effort) >= PACE_EVENTS):
+                return
+            await anyio.sleep(PACE_STEP_S)
+
+    # -- life and end -----------------------------------------------------------------------------
+    async def _life(self, p: Proc) -> None:
+        returncode: int | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pump, p)
+                returncode = await _wait_exit(p.spawned)
+                with anyio.move_on_after(OUTPUT_DRAIN_S):
+                    await p.output_done.wait()
+                tg.cancel_scope.cancel()
+        except Exception as exc:  # never let one process take the driver down
+            log.error("process.failed", process_id=p.process_id, error=type(exc).__name__, exc_info=True)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._ended(p, returncode)
+
+    async def _ended(self, p: Proc, returncode: int | None) -> None:
+        if returncode is None:  # the wait failed: make sure it is gone
+            _send(p, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                returncode = await _wait_exit(p.spawned)
+        code = containment.exit_status(returncode)
+        containment.ended(p.pid)
+        _close_fds(p.spawned)
+        with contextlib.suppress(Exception):
+            if p.pending:
+                await self._live(p, b"", final=True)
+        p.running = False
+        info = exit_info(code if code is not None else -signal.SIGKILL)
+        total = p.ring.total
+        start = max(0, total - TAIL_BYTES)
+        tail = tail_of(p.ring.read(start, total), cut=start > 0)
+        await self.k.emit(
+            "process.exited",
+            {
+                "process_id": p.process_id,
+                "exit_code": info.exit_code,
+                "signal": info.signal,
+                "output_bytes": total,
+                "tail": tail,
+            },
+        )
+        log.info("process.exited", process_id=p.process_id, exit_code=info.exit_code, signal=info.signal)
+        self._exited.append(p.process_id)
+        while len(self._exited) > KEPT_EXITED:
+            gone = self.procs.get(self._exited.popleft())
+            if gone is not None and not gone.running:
+                self._forget(gone)
+        p.exited.set()
+
+    def _forget(self, p: Proc) -> None:
+        if self.procs.get(p.process_id) is p:
+            del self.procs[p.process_id]
+        with contextlib.suppress(ValueError):
+            self._exited.remove(p.process_id)
+        p.ring.close(remove=True)
+
+    async def stop_all(self) -> None:
+        """session.stop: TERM, KILL after 3 s, and wait until every `process.exited` is admitted."""
+        running = [p for p in self.procs.values() if p.running]
+        if not running:
+            return
+        for p in running:
+            _send(p, signal.SIGTERM)
+        with anyio.move_on_after(STOP_GRACE_S):
+            for p in running:
+                await p.exited.wait()
+        for p in running:
+            if p.running:
+                _send(p, signal.SIGKILL)
+        with anyio.move_on_after(KILL_WAIT_S):
+            for p in running:
+                await p.exited.wait()
+
+    def kill_now(self) -> None:
+        for p in self.procs.values():
+            if p.running:
+                _send(p, signal.SIGKILL)
+
+    def heartbeat(self) -> list[HeartbeatProcess]:
+        now = time.monotonic()
+        return [
+            HeartbeatProcess(process_id=p.process_id, pid=p.pid, running_ms=int((now - p.started) * 1000))
+            for p in self.procs.values()
+            if p.running
+        ]
+
+
+# -- small I/O helpers ----------------------------------------------------------------------------------
+
+
+def _read_available(fd: int, limit: int) -> tuple[bytes, bool]:
+    """What can be read now, up to `limit` bytes (several reads: one event for a burst); and
+    whether the output ended (EOF on a pipe, EIO on a PTY whose other side is closed)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        try:
+            chunk = os.read(fd, limit - got)
+        except BlockingIOError:
+            return b"".join(parts), False
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.EBADF):
+                return b"".join(parts), True
+            raise
+        if not chunk:
+            return b"".join(parts), True
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts), False
+
+
+async def _wait_exit(spawned: spawning.Spawned) -> int:
+    proc = spawned.proc
+    code = proc.poll()
+    if code is not None:
+        return code
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        while (code := proc.poll()) is None:
+            await anyio.wait_readable(pidfd)
+    finally:
+        anyio.notify_closing(pidfd)
+        os.close(pidfd)
+    return code
+
+
+def _send(p: Proc, sig: int) -> None:
+    """To the process's group (the wrapper's: `kill_group` reaches a PID namespace as a whole on KILL)
+    and, for a terminal, to its foreground group too (an interactive shell moves jobs into their own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        containment.kill_group(p.pid, sig)
+    if p.pty is not None:
+        # The command leads its terminal's session (inside the containment): signal it, and the
+        # terminal's foreground group (a job an interactive shell started).
+        fd = p.spawned.read_fd
+        with contextlib.suppress(OSError):
+            leader = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCGSID, b"\0" * 4))[0]
+            if leader > 0:
+                os.kill(leader, sig)
+        with contextlib.suppress(OSError):
+            fg = os.tcgetpgrp(fd)
+            if fg > 0:
+                os.killpg(fg, sig)
+
+
+def _close_fds(spawned: spawning.Spawned) -> None:
+    for fd in {spawned.read_fd, spawned.write_fd}:
+        anyio.notify_closing(fd)  # wakes a reader or writer still waiting on it
+    proc = spawned.proc
+    if proc.stdout is None:  # a PTY: the master is ours
+        with contextlib.suppress(OSError):
+            os.close(spawned.read_fd)
+        return
+    # Pipes: the Popen's file objects own the fds.
+    for f in (proc.stdin, proc.stdout):
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+def _account_shell() -> str | None:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_shell or None
+    except KeyError:
+        return None
+
+
+def _executable(name: str, path: str | None, cwd: Path) -> str | None:
+    if "/" in name:
+        target = Path(name) if os.path.isabs(name) else cwd / name
+        return str(target) if os.access(target, os.X_OK) and target.is_file() else None
+    return shutil.which(name, path=path or os.defpath)
