@@ -53,6 +53,7 @@ KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest
 PACE_EVENTS = 8
 PACE_STEP_S = 0.002
 PACE_MAX_STEPS = 500
+TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # the Linux value; not in every termios stub
 
 
 class CommandFailed(Exception):
@@ -400,7 +401,7 @@ def _send(p: Proc, sig: int) -> None:
         # terminal's foreground group (a job an interactive shell started).
         fd = p.spawned.read_fd
         with contextlib.suppress(OSError):
-            leader = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCGSID, b"\0" * 4))[0]
+            leader = struct.unpack("i", fcntl.ioctl(fd, TIOCGSID, b"\0" * 4))[0]
             if leader > 0:
                 os.kill(leader, sig)
         with contextlib.suppress(OSError):
