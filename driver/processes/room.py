@@ -230,6 +230,7 @@ class ProcessRoom:
             if at == 0 and truncated_before:
                 body["truncated_before"] = True  # an empty event says it when nothing is left to resend
             await self.k.emit("process.output", body)
+            await self._pace()  # a replay of 1 MiB must not overflow the best-effort buffer either
             at += n
             if n == 0:
                 break
@@ -251,7 +252,6 @@ class ProcessRoom:
                 if data:
                     p.ring.append(data)
                     await self._live(p, data, final=False)
-                    await self._pace()
                 if eof:
                     return
         finally:

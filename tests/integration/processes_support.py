@@ -63,3 +63,35 @@ async def wait_exited(cp: ControlPlane, process_id: str, timeout: float = 20.0) 
     )
     payload: dict[str, Any] = event["payload"]
     return payload
+
+
+def alive(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """The live process tree below `pid`, from /proc."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out:
+                    out.add(k)
+                    todo.append(k)
+    return out
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
