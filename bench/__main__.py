@@ -1,6 +1,6 @@
 """`python -m bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
-Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment.
+Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment, processes.
 Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
 """
 
@@ -21,6 +21,7 @@ BENCHMARKS = (
     "acp_agents",
     "heartbeat",
     "containment",
+    "processes",
 )
 
 

@@ -50,7 +50,7 @@ INPUT_TIMEOUT_S = 10.0  # a process.input that the process does not read within 
 KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest go first)
 # Flow control: the reader pauses while this many best-effort events wait for the link, so a flood
 # slows the process (as a terminal over ssh would) instead of filling the buffer and dropping.
-PACE_EVENTS = 8
+PACE_EVENTS = 2
 PACE_STEP_S = 0.002
 PACE_MAX_STEPS = 500
 TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # the Linux value; not in every termios stub
@@ -258,9 +258,18 @@ class ProcessRoom:
             p.output_done.set()
 
     async def _pace(self) -> None:
-        outbox = self.k.outbox
-        for _ in range(PACE_MAX_STEPS):  # bounded: a stalled link never holds a process for long
-            if not (outbox.link_up and len(outbox.best_effort) >= PACE_EVENTS):
+        """Flow control, and the lossless path first: the next chunk waits while earlier output still
+        waits for the link, or while lossless events wait for their receipts (a flood must not
+        delay them, PROTOCOL §6.8's "beside the agent"). Bounded: a stalled link or a steady
+        stream of lossless events slows a process, never stops it."""
+        outbox, desk = self.k.outbox, self.k.commands
+        for _ in range(PACE_MAX_STEPS):
+            if not outbox.link_up:
+                return  # nothing is sent: the ring keeps the output for a replay
+            busy = len(outbox.best_effort) >= PACE_EVENTS or outbox.pending_count > 0
+            # A command under way will admit its lossless command.finished soon: let it go first
+            # (process.* commands excepted: a keystroke's echo must not wait for its own command).
+            if not busy and not any(not kind.startswith("process.") for kind in desk.kinds.values()):
                 return
             await anyio.sleep(PACE_STEP_S)
 

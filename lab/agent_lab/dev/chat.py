@@ -15,6 +15,8 @@ from agent_lab.dev.common import (
     HELP,
     READY_TIMEOUT_S,
     RUN_TERMINALS,
+    SHELL_COLS,
+    SHELL_ROWS,
     STOP_TIMEOUT_S,
     USER_PROMPT,
     Action,
@@ -165,6 +167,13 @@ class DevChat:
         self.phase = "running"
         await self.send("input.start", self.run.command_id, run_id=self.run.run_id, input={"text": text})
 
+    async def open_shell(self) -> None:
+        """A login shell in a terminal beside the agent (PROTOCOL §6.8): the web console shows a pane
+        for it as soon as the driver reports process.started. Runs or not, it goes at once."""
+        process_id = f"shell-{uuid.uuid4().hex[:8]}"
+        await self.send("process.start", process_id=process_id, argv=[], pty={"cols": SHELL_COLS, "rows": SHELL_ROWS})
+        self.say(f"[dev] shell {process_id} opens in the web console (the console URL above)")
+
     async def stop(self, why: str) -> None:
         if self.phase == "stopping":
             return
@@ -295,6 +304,8 @@ class DevChat:
             self.say(self.status.activity_line())
         elif command == "/help":
             self.say(HELP)
+        elif command == "/shell":
+            await self.open_shell()
         elif command in ("/quit", "/exit"):
             if self.phase == "running":
                 self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")
