@@ -81,6 +81,7 @@ class Lifecycle:
                 error=CommandError("driver.restarted", "the driver restarted before this command completed", True),
                 kind=stored.kind,
             )
+        await k.processes.recover()  # §6.8: processes that died with the predecessor end once
         await k.outbox.flush()
 
     async def _finish_after_receipt(

@@ -32,7 +32,7 @@ from driver.adapters.environment import provider_env
 from driver.interfaces import PathNotAllowed
 from driver.processes import spawn as spawning
 from driver.processes.ring import plan_replay
-from driver.processes.ringfile import RingFile, reset_folder
+from driver.processes.ringfile import RingFile, folder, leftovers, reset_folder
 from driver.processes.spec import MAX_PROCESSES, SIGNALS, SpecError, argv_of, env_of, exit_info
 from driver.processes.text import TAIL_BYTES, chunk_limit, complete_length, decode, tail_of
 from driver.protocol import commands as cmds
@@ -85,10 +85,30 @@ class Proc:
 class ProcessRoom:
     def __init__(self, kernel: Kernel) -> None:
         self.k = kernel
-        self.root = reset_folder(Path(kernel.boot.session.state_dir))
+        state_dir = Path(kernel.boot.session.state_dir)
+        # What a dead predecessor left running died with it: each still gets its process.exited.
+        self._leftovers = leftovers(folder(state_dir))
+        self.root = reset_folder(state_dir)
         self.procs: dict[str, Proc] = {}
         self._exited: deque[str] = deque()
         self._generation = 0
+
+    async def recover(self) -> None:
+        """At start, before any command: end the processes a dead driver process left. They died with
+        it (the containment's SIGKILL); the ring it left gives their length and tail."""
+        for left in self._leftovers:
+            await self.k.emit(
+                "process.exited",
+                {
+                    "process_id": left.process_id,
+                    "exit_code": None,
+                    "signal": "KILL",
+                    "output_bytes": left.output_bytes,
+                    "tail": tail_of(left.tail, cut=left.cut),
+                },
+            )
+            log.warning("process.died_with_driver", process_id=left.process_id)
+        self._leftovers = []
 
     # -- commands ---------------------------------------------------------------------------------
     async def execute(self, command: cmds.ProcessCommand) -> tuple[dict[str, Any] | None, CommandError | None]:
@@ -142,7 +162,8 @@ class ProcessRoom:
         if old is not None:
             self._forget(old)
         self._generation += 1
-        p = Proc(c.process_id, argv, pty, spawned, RingFile(self.root, c.process_id, self._generation))
+        ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid)
+        p = Proc(c.process_id, argv, pty, spawned, ring)
         self.procs[c.process_id] = p
         await k.emit(
             "process.started",
@@ -315,6 +336,7 @@ class ProcessRoom:
                 "tail": tail,
             },
         )
+        p.ring.ended()  # journaled: a successor must not end it again
         log.info("process.exited", process_id=p.process_id, exit_code=info.exit_code, signal=info.signal)
         self._exited.append(p.process_id)
         while len(self._exited) > KEPT_EXITED:

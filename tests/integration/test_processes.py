@@ -192,7 +192,7 @@ async def test_a_replay_past_the_ring_says_truncated_before(tmp_path: Path, driv
         assert at == size
         # The ring is the newest 1 MiB, in the driver's hidden folder.
         rings = list((tmp_path / "state" / "driver" / "processes").glob("*.ring"))
-        assert len(rings) == 1 and rings[0].stat().st_size == 1024 * 1024
+        assert len(rings) == 1 and rings[0].stat().st_size == 1024 * 1024 + 8  # and the output's length
 
 
 async def test_environment_and_cwd_admission(tmp_path: Path, drivers: list[DriverProcess]) -> None:
@@ -306,3 +306,16 @@ async def test_processes_die_with_a_sigkilled_driver(mode: str, tmp_path: Path, 
                 os.close(fd)
         left = {p: cmdline(p) for p in watch if alive(p)}
         assert not left
+        assert cp.events(INSTANCE, "process.exited") == []
+        # The next driver process on the state_dir ends each of them once, as they ended: by SIGKILL.
+        again = DriverProcess(tmp_path, boot_payload(tmp_path, cp.url), "again")
+        drivers.append(again)
+        await cp.wait_until(lambda: len(cp.events(INSTANCE, "process.exited")) == 2, timeout=30)
+        ends = {e["payload"]["process_id"]: e["payload"] for e in cp.events(INSTANCE, "process.exited")}
+        assert ends.keys() == {"shell", "server"}
+        assert all((e["exit_code"], e["signal"]) == (None, "KILL") for e in ends.values())
+        text, _ = screen(cp, "server")
+        assert ends["server"]["output_bytes"] == len(text.encode()) == 0
+        assert ends["shell"]["output_bytes"] > 0 and ends["shell"]["tail"] == screen(cp, "shell")[0]
+        await cp.wait_for_event(INSTANCE, lambda e: e["epoch"] == 2, kinds="driver.started", timeout=30)
+        assert len(cp.events(INSTANCE, "process.exited")) == 2

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from driver.processes.ring import Piece, chunk_ranges, oldest_kept, pieces, plan_replay
-from driver.processes.ringfile import RingFile
+from driver.processes.ringfile import RingFile, leftovers
 from driver.processes.spec import SpecError, argv_of, env_of, exit_info
 from driver.processes.text import chunk_limit, complete_length, decode, tail_of
 
@@ -117,5 +117,23 @@ def test_exit_info() -> None:
 
 
 def test_ring_file_is_private(tmp_path: Path) -> None:
-    ring = RingFile(tmp_path, "term/../x", 2)
+    ring = RingFile(tmp_path, "term/../x", 2, pid=123)
     assert ring.path.parent == tmp_path and ring.path.stat().st_mode & 0o077 == 0
+    assert ring.record.stat().st_mode & 0o077 == 0
+
+
+def test_a_dead_drivers_rings_say_what_ran_and_how_much_it_wrote(tmp_path: Path) -> None:
+    quiet = RingFile(tmp_path, "quiet", 1, pid=10)
+    loud = RingFile(tmp_path, "loud", 2, capacity=8192, pid=11)
+    done = RingFile(tmp_path, "done", 3, pid=12)
+    loud.append(b"x" * 5000 + "é".encode() + b"y" * 5000)
+    done.append(b"bye")
+    done.ended()  # its process.exited was admitted
+    for ring in (quiet, loud, done):
+        ring.close()  # the driver died: nothing else happens to them
+    found = {left.process_id: left for left in leftovers(tmp_path)}
+    assert found.keys() == {"quiet", "loud"}
+    assert (found["quiet"].output_bytes, found["quiet"].tail, found["quiet"].cut) == (0, b"", False)
+    assert found["loud"].output_bytes == 10_002 and found["loud"].tail == b"y" * 4096 and found["loud"].cut
+    (tmp_path / "junk.json").write_text("{not json")
+    assert len(leftovers(tmp_path)) == 2
