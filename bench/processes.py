@@ -32,7 +32,7 @@ KEYSTROKES = 200
 FILE_MIB = int(os.environ.get("BENCH_PROCESSES_MIB", "100"))
 RATE = 50  # commands per second on the lossless path
 ROUND_S = 4.0
-ROUNDS = 3
+ROUNDS = 5
 
 
 def local_pty_echo(n: int) -> list[float]:

@@ -142,9 +142,9 @@ class ProcessRoom:
     async def start(self, c: cmds.ProcessStart) -> dict[str, Any]:
         k = self.k
         old = self.procs.get(c.process_id)
-        if old is not None and old.running:
+        if old is not None and not old.exited.is_set():  # until its process.exited is out
             raise CommandFailed("process.exists", f"process {c.process_id!r} is running")
-        if sum(1 for p in self.procs.values() if p.running) >= MAX_PROCESSES:
+        if sum(1 for p in self.procs.values() if not p.exited.is_set()) >= MAX_PROCESSES:
             raise CommandFailed("process.limit", f"at most {MAX_PROCESSES} processes run at once", retryable=True)
         cwd = self._cwd(c.cwd)
         pty = (c.pty.cols, c.pty.rows) if c.pty is not None else None
@@ -201,11 +201,16 @@ class ProcessRoom:
         with anyio.move_on_after(INPUT_TIMEOUT_S) as scope:
             async with p.write_lock:
                 while view:
+                    if not p.running:  # checked before every write: a closed fd's number may be reused
+                        raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
                     try:
                         view = view[os.write(fd, view) :]
                     except BlockingIOError:
-                        await anyio.wait_writable(fd)
-                    except OSError as exc:  # EPIPE, EIO, EBADF: its input is gone
+                        try:
+                            await anyio.wait_writable(fd)
+                        except anyio.ClosedResourceError:
+                            raise CommandFailed("process.not_running", "its input was closed") from None
+                    except OSError as exc:  # EPIPE, EIO: its input is gone
                         raise CommandFailed("process.not_running", f"its input is closed ({exc.strerror})") from None
         if scope.cancelled_caught:
             raise CommandFailed("process.busy", "the process did not read its input in time", retryable=True)
@@ -317,11 +322,11 @@ class ProcessRoom:
                 returncode = await _wait_exit(p.spawned)
         code = containment.exit_status(returncode)
         containment.ended(p.pid)
+        p.running = False  # before the fds close: no command may use them from here on
         _close_fds(p.spawned)
         with contextlib.suppress(Exception):
             if p.pending:
                 await self._live(p, b"", final=True)
-        p.running = False
         info = exit_info(code if code is not None else -signal.SIGKILL)
         total = p.ring.total
         start = max(0, total - TAIL_BYTES)
@@ -341,7 +346,7 @@ class ProcessRoom:
         self._exited.append(p.process_id)
         while len(self._exited) > KEPT_EXITED:
             gone = self.procs.get(self._exited.popleft())
-            if gone is not None and not gone.running:
+            if gone is not None and gone is not p and gone.exited.is_set():
                 self._forget(gone)
         p.exited.set()
 
@@ -354,11 +359,12 @@ class ProcessRoom:
 
     async def stop_all(self) -> None:
         """session.stop: TERM, KILL after 3 s, and wait until every `process.exited` is admitted."""
-        running = [p for p in self.procs.values() if p.running]
+        running = [p for p in self.procs.values() if not p.exited.is_set()]
         if not running:
             return
         for p in running:
-            _send(p, signal.SIGTERM)
+            if p.running:
+                _send(p, signal.SIGTERM)
         with anyio.move_on_after(STOP_GRACE_S):
             for p in running:
                 await p.exited.wait()

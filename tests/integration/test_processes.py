@@ -241,7 +241,7 @@ async def test_at_most_sixteen_at_once(tmp_path: Path, drivers: list[DriverProce
         await start_process(cp, "s16", argv=["sleep", "300"])
 
 
-async def test_processes_survive_a_cancel_and_session_stop_ends_them(
+async def test_processes_survive_a_cancel_and_a_reset_and_session_stop_ends_them(
     tmp_path: Path, drivers: list[DriverProcess]
 ) -> None:
     async with control_plane(tmp_path) as cp:
@@ -255,8 +255,12 @@ async def test_processes_survive_a_cancel_and_session_stop_ends_them(
         await cp.wait_for_event(INSTANCE, lambda e: e["run_id"] == "run-1", kinds="run.started")
         await command(cp, "turn.cancel", run_id="run-1", reason="user")
         assert (await cp.wait_for_command_status(run, timeout=20))["status"] == "cancelled"
-        # Untouched by the cancel: still running, still answering.
+        reset = await command(cp, "session.reset", reason="fresh")
+        assert reset["status"] == "completed"
+        # Untouched by the cancel and the reset: still running, still answering.
         assert cp.events(INSTANCE, "process.exited") == []
+        beat_ids = {p["process_id"] for p in (cp.last_heartbeat(INSTANCE) or {}).get("processes", [])}
+        assert beat_ids <= {"plain", "stubborn"}
         st = await command(cp, "process.signal", process_id="plain", signal="HUP")
         assert st["status"] == "completed" and st["result"] == {}
         plain = await wait_exited(cp, "plain")
