@@ -266,7 +266,9 @@ async def test_processes_survive_a_cancel_and_a_reset_and_session_stop_ends_them
         plain = await wait_exited(cp, "plain")
         assert plain["signal"] == "HUP"
 
-        await start_process(cp, "plain2", argv=["sleep", "300"])
+        # Once it runs (a TERM during the containment's first microseconds would find it still ignored).
+        await start_process(cp, "plain2", argv=["sh", "-c", "echo up; exec sleep 300"])
+        await wait_output(cp, "plain2", "up")
         stop, _ = await cp.send_command(INSTANCE, "session.stop", reason="done")
         assert (await cp.wait_for_command_status(stop, timeout=30))["status"] == "completed"
         assert await d.wait(timeout=30) == 0
