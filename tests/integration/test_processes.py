@@ -27,9 +27,11 @@ from tests.integration.processes_support import (
 pytestmark = pytest.mark.anyio
 
 
-async def test_pty_echo_and_resize_seen_by_stty(tmp_path: Path, drivers: list[DriverProcess]) -> None:
+@pytest.mark.parametrize("mode", ["auto", "subreaper", "none"])  # every containment the driver may pick
+async def test_pty_echo_and_resize_seen_by_stty(mode: str, tmp_path: Path, drivers: list[DriverProcess]) -> None:
     async with control_plane(tmp_path) as cp:
-        start_driver(tmp_path, cp.url, drivers)
+        d = DriverProcess(tmp_path, boot_payload(tmp_path, cp.url), extra_env={"AGENT_DRIVER_CONTAINMENT": mode})
+        drivers.append(d)
         await cp.wait_connected(INSTANCE, timeout=20)
         st = await start_process(cp, "term-1", argv=["/bin/sh"], pty={"cols": 100, "rows": 30})
         assert st["result"]["pid"] > 0
