@@ -11,14 +11,8 @@ containment they were started in.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
-import pwd
-import shutil
 import signal
-import struct
-import termios
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,6 +24,7 @@ import anyio
 from driver import containment, logs
 from driver.adapters.environment import provider_env
 from driver.interfaces import PathNotAllowed
+from driver.processes import handle
 from driver.processes import spawn as spawning
 from driver.processes.ring import plan_replay
 from driver.processes.ringfile import RingFile, folder, leftovers, reset_folder
@@ -53,7 +48,6 @@ KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest
 PACE_EVENTS = 2
 PACE_STEP_S = 0.002
 PACE_MAX_STEPS = 500
-TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # the Linux value; not in every termios stub
 
 
 class CommandFailed(Exception):
@@ -91,6 +85,7 @@ class ProcessRoom:
         self.root = reset_folder(state_dir)
         self.procs: dict[str, Proc] = {}
         self._exited: deque[str] = deque()
+        self._starting: set[str] = set()
         self._generation = 0
 
     async def recover(self) -> None:
@@ -140,18 +135,27 @@ class ProcessRoom:
         return p
 
     async def start(self, c: cmds.ProcessStart) -> dict[str, Any]:
-        k = self.k
         old = self.procs.get(c.process_id)
-        if old is not None and not old.exited.is_set():  # until its process.exited is out
-            raise CommandFailed("process.exists", f"process {c.process_id!r} is running")
-        if sum(1 for p in self.procs.values() if not p.exited.is_set()) >= MAX_PROCESSES:
+        if c.process_id in self._starting or (old is not None and not old.exited.is_set()):
+            raise CommandFailed("process.exists", f"process {c.process_id!r} is running")  # until its exit is out
+        live = sum(1 for p in self.procs.values() if not p.exited.is_set()) + len(self._starting)
+        if live >= MAX_PROCESSES:
             raise CommandFailed("process.limit", f"at most {MAX_PROCESSES} processes run at once", retryable=True)
+        # Reserved before the first wait: two starts of one id, or a 17th, cannot both pass the checks.
+        self._starting.add(c.process_id)
+        try:
+            return await self._start(c, old)
+        finally:
+            self._starting.discard(c.process_id)
+
+    async def _start(self, c: cmds.ProcessStart, old: Proc | None) -> dict[str, Any]:
+        k = self.k
         cwd = self._cwd(c.cwd)
         pty = (c.pty.cols, c.pty.rows) if c.pty is not None else None
         proxy = k.boot.execution.model_proxy
         env = env_of(self._provider_env(), c.env, proxy.secrets if proxy else [], pty=pty is not None)
-        argv = argv_of(c.argv, env, _account_shell())
-        if _executable(argv[0], env.get("PATH"), cwd) is None:
+        argv = argv_of(c.argv, env, handle.account_shell())
+        if handle.executable(argv[0], env.get("PATH"), cwd) is None:
             raise CommandFailed("process.spawn_failed", f"argv[0] is not an executable: {argv[0][:200]!r}")
         prefix = await spawning.prefix()
         try:
@@ -162,7 +166,14 @@ class ProcessRoom:
         if old is not None:
             self._forget(old)
         self._generation += 1
-        ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid)
+        try:
+            ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid)
+        except OSError as exc:  # the disk: the process must not run unrecorded
+            handle.send_signal(spawned, signal.SIGKILL, pty=pty is not None)
+            await handle.wait_exit(spawned)
+            containment.ended(spawned.proc.pid)
+            handle.close_fds(spawned)
+            raise CommandFailed("process.spawn_failed", f"its output ring: {exc.strerror or exc}") from None
         p = Proc(c.process_id, argv, pty, spawned, ring)
         self.procs[c.process_id] = p
         await k.emit(
@@ -229,7 +240,7 @@ class ProcessRoom:
     def signal(self, p: Proc, sig: int) -> dict[str, Any]:
         if not p.running:
             return {"already_exited": True}
-        _send(p, sig)
+        handle.send_signal(p.spawned, sig, pty=p.pty is not None)
         return {}
 
     async def replay(self, p: Proc, from_offset: int) -> dict[str, Any]:
@@ -274,7 +285,7 @@ class ProcessRoom:
         try:
             while True:
                 await anyio.wait_readable(fd)
-                data, eof = _read_available(fd, chunk_limit(self.k.max_event_bytes))
+                data, eof = handle.read_available(fd, chunk_limit(self.k.max_event_bytes))
                 if data:
                     p.ring.append(data)
                     await self._live(p, data, final=False)
@@ -305,7 +316,7 @@ class ProcessRoom:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._pump, p)
-                returncode = await _wait_exit(p.spawned)
+                returncode = await handle.wait_exit(p.spawned)
                 with anyio.move_on_after(OUTPUT_DRAIN_S):
                     await p.output_done.wait()
                 tg.cancel_scope.cancel()
@@ -317,13 +328,13 @@ class ProcessRoom:
 
     async def _ended(self, p: Proc, returncode: int | None) -> None:
         if returncode is None:  # the wait failed: make sure it is gone
-            _send(p, signal.SIGKILL)
+            handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
             with contextlib.suppress(Exception):
-                returncode = await _wait_exit(p.spawned)
+                returncode = await handle.wait_exit(p.spawned)
         code = containment.exit_status(returncode)
         containment.ended(p.pid)
         p.running = False  # before the fds close: no command may use them from here on
-        _close_fds(p.spawned)
+        handle.close_fds(p.spawned)
         with contextlib.suppress(Exception):
             if p.pending:
                 await self._live(p, b"", final=True)
@@ -364,13 +375,13 @@ class ProcessRoom:
             return
         for p in running:
             if p.running:
-                _send(p, signal.SIGTERM)
+                handle.send_signal(p.spawned, signal.SIGTERM, pty=p.pty is not None)
         with anyio.move_on_after(STOP_GRACE_S):
             for p in running:
                 await p.exited.wait()
         for p in running:
             if p.running:
-                _send(p, signal.SIGKILL)
+                handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
         with anyio.move_on_after(KILL_WAIT_S):
             for p in running:
                 await p.exited.wait()
@@ -378,7 +389,7 @@ class ProcessRoom:
     def kill_now(self) -> None:
         for p in self.procs.values():
             if p.running:
-                _send(p, signal.SIGKILL)
+                handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
 
     def heartbeat(self) -> list[HeartbeatProcess]:
         now = time.monotonic()
@@ -387,90 +398,3 @@ class ProcessRoom:
             for p in self.procs.values()
             if p.running
         ]
-
-
-# -- small I/O helpers ----------------------------------------------------------------------------------
-
-
-def _read_available(fd: int, limit: int) -> tuple[bytes, bool]:
-    """What can be read now, up to `limit` bytes (several reads: one event for a burst); and
-    whether the output ended (EOF on a pipe, EIO on a PTY whose other side is closed)."""
-    parts: list[bytes] = []
-    got = 0
-    while got < limit:
-        try:
-            chunk = os.read(fd, limit - got)
-        except BlockingIOError:
-            return b"".join(parts), False
-        except OSError as exc:
-            if exc.errno in (errno.EIO, errno.EBADF):
-                return b"".join(parts), True
-            raise
-        if not chunk:
-            return b"".join(parts), True
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts), False
-
-
-async def _wait_exit(spawned: spawning.Spawned) -> int:
-    proc = spawned.proc
-    code = proc.poll()
-    if code is not None:
-        return code
-    pidfd = os.pidfd_open(proc.pid)
-    try:
-        while (code := proc.poll()) is None:
-            await anyio.wait_readable(pidfd)
-    finally:
-        anyio.notify_closing(pidfd)
-        os.close(pidfd)
-    return code
-
-
-def _send(p: Proc, sig: int) -> None:
-    """To the process's group (the wrapper's: `kill_group` reaches a PID namespace as a whole on KILL)
-    and, for a terminal, to its foreground group too (an interactive shell moves jobs into their own)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        containment.kill_group(p.pid, sig)
-    if p.pty is not None:
-        # The command leads its terminal's session (inside the containment): signal it, and the
-        # terminal's foreground group (a job an interactive shell started).
-        fd = p.spawned.read_fd
-        with contextlib.suppress(OSError):
-            leader = struct.unpack("i", fcntl.ioctl(fd, TIOCGSID, b"\0" * 4))[0]
-            if leader > 0:
-                os.kill(leader, sig)
-        with contextlib.suppress(OSError):
-            fg = os.tcgetpgrp(fd)
-            if fg > 0:
-                os.killpg(fg, sig)
-
-
-def _close_fds(spawned: spawning.Spawned) -> None:
-    for fd in {spawned.read_fd, spawned.write_fd}:
-        anyio.notify_closing(fd)  # wakes a reader or writer still waiting on it
-    proc = spawned.proc
-    if proc.stdout is None:  # a PTY: the master is ours
-        with contextlib.suppress(OSError):
-            os.close(spawned.read_fd)
-        return
-    # Pipes: the Popen's file objects own the fds.
-    for f in (proc.stdin, proc.stdout):
-        if f is not None:
-            with contextlib.suppress(OSError):
-                f.close()
-
-
-def _account_shell() -> str | None:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_shell or None
-    except KeyError:
-        return None
-
-
-def _executable(name: str, path: str | None, cwd: Path) -> str | None:
-    if "/" in name:
-        target = Path(name) if os.path.isabs(name) else cwd / name
-        return str(target) if os.access(target, os.X_OK) and target.is_file() else None
-    return shutil.which(name, path=path or os.defpath)

@@ -230,17 +230,28 @@ async def test_at_most_sixteen_at_once(tmp_path: Path, drivers: list[DriverProce
     async with control_plane(tmp_path) as cp:
         start_driver(tmp_path, cp.url, drivers)
         await cp.wait_connected(INSTANCE, timeout=20)
-        for i in range(16):
-            await start_process(cp, f"s{i}", argv=["sleep", "300"])
-        st = await command(cp, "process.start", process_id="s16", argv=["sleep", "300"])
-        assert st["status"] == "failed" and st["error"]["code"] == "process.limit" and st["error"]["retryable"]
+        # Seventeen at once, and one id twice: the checks hold while starts are under way together.
+        ids = [f"s{i}" for i in range(17)] + ["s0"]
+        sent = [(await cp.send_command(INSTANCE, "process.start", process_id=i, argv=["sleep", "300"]))[0] for i in ids]
+        statuses = [await cp.wait_for_command_status(cid, timeout=30) for cid in sent]
+        failed = [(ids[n], st["error"]["code"]) for n, st in enumerate(statuses) if st["status"] == "failed"]
+        assert sorted(code for _, code in failed) == ["process.exists", "process.limit"]
+        assert all(
+            st["error"]["retryable"] for st in statuses if (st.get("error") or {}).get("code") == "process.limit"
+        )
+        # (a status's fast frame may come before the event it follows: wait for the events)
+        await cp.wait_until(lambda: len(cp.events(INSTANCE, "process.started")) >= 16, timeout=20)
+        assert len(cp.events(INSTANCE, "process.started")) == 16
+        running = {e["payload"]["process_id"] for e in cp.events(INSTANCE, "process.started")}
+        spare = next(i for i in ids if i not in running)
         await cp.wait_until(lambda: len((cp.last_heartbeat(INSTANCE) or {}).get("processes", [])) == 16, timeout=10)
         listed = cp.last_heartbeat(INSTANCE)["processes"]  # type: ignore[index]
-        assert {p["process_id"] for p in listed} == {f"s{i}" for i in range(16)}
+        assert {p["process_id"] for p in listed} == running
         assert all(p["pid"] > 0 and p["running_ms"] >= 0 for p in listed)
-        await command(cp, "process.signal", process_id="s3", signal="KILL")
-        await wait_exited(cp, "s3")
-        await start_process(cp, "s16", argv=["sleep", "300"])
+        gone = sorted(running)[3]
+        await command(cp, "process.signal", process_id=gone, signal="KILL")
+        await wait_exited(cp, gone)
+        await start_process(cp, spare, argv=["sleep", "300"])
 
 
 async def test_processes_survive_a_cancel_and_a_reset_and_session_stop_ends_them(
