@@ -129,7 +129,10 @@ async def test_utf8_text_with_invalid_bytes_and_raw_offsets(tmp_path: Path, driv
         await start_process(cp, "u", argv=["sh", "-c", script])
         exited = await wait_exited(cp, "u")
         assert exited["output_bytes"] == 8
-        events = [e["payload"] for e in cp.events(INSTANCE, "process.output")]
+        stored = cp.events(INSTANCE, "process.output")
+        assert {e["delivery"] for e in stored} == {"best_effort"} and all(e["run_id"] is None for e in stored)
+        assert [e["delivery"] for e in cp.events(INSTANCE, "process.exited")] == ["lossless"]
+        events = [e["payload"] for e in stored]
         assert "".join(e["data"] for e in events) == "café \ufffd!"
         # A character is never split over two events, and each offset counts raw bytes.
         assert [(e["offset"], e["data"]) for e in events] in ([(0, "caf"), (3, "é \ufffd!")], [(0, "café \ufffd!")])
