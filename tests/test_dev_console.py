@@ -86,10 +86,8 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
         await asyncio.to_thread(
             _wait,
             browser,
-            lambda b: (
-                "[[say:from the terminal]]" in _texts(b, ".user-input .text")
-                and "from the terminal" in _texts(b, '.message[data-state="settled"] .text')
-            ),
+            lambda b: "[[say:from the terminal]]" in _texts(b, ".user-input .text")
+            and "from the terminal" in _texts(b, '.message[data-state="settled"] .text'),
             "the terminal's input and reply in the browser",
         )
         assert (await screen.line_with("[status]")).endswith("completed")

@@ -78,7 +78,7 @@ def test_redactor_masks_secret_values() -> None:
 def test_launcher_drops_unlisted_variables_and_starts_a_new_session(tmp_path: Path) -> None:
     probe = tmp_path / "probe.sh"
     # Says what it got, then waits for stdin to close (so its group can be looked at from outside).
-    probe.write_text('#!/bin/sh\necho "keep=$KEEP drop=$DROP"\nread -r _ || :\n')
+    probe.write_text("#!/bin/sh\necho \"keep=$KEEP drop=$DROP\"\nread -r _ || :\n")
     probe.chmod(0o755)
     launcher = write_launcher(
         tmp_path, probe, keep=["KEEP", "PATH"], parent={"DROP": "value-of-drop", "KEEP": "y", "PATH": "p"}

@@ -111,7 +111,9 @@ async def test_stubborn_agent_replays_the_transcript_after_a_crash(tmp_path: Pat
         try:
             first = await turn(cp, "run-1", "[[say:noted KESTREL]] remember KESTREL")
             assert first["status"] == "completed"
-            first_prompt = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "runtime.session.reset", timeout=10)
+            first_prompt = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "runtime.session.reset", timeout=10
+            )
             # No native ref at boot but a history: fresh session, reset with previous = null.
             assert first_prompt["payload"]["previous"] is None
             current = first_prompt["payload"]["current"]
@@ -239,7 +241,9 @@ async def test_sigkill_after_a_journaled_terminal_run_and_command_agree(tmp_path
 
 @pytest.mark.provider
 @pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_driver_killed_and_restarted_resumes_the_journal_ref(runtime: str, tmp_path: Path, fakes: Fakes) -> None:
+async def test_driver_killed_and_restarted_resumes_the_journal_ref(
+    runtime: str, tmp_path: Path, fakes: Fakes
+) -> None:
     async with control_plane(tmp_path) as cp:
         d1 = Driver(tmp_path, runtimes.payload(runtime, tmp_path, cp.url, fakes), env=FAST)
         try:

@@ -20,7 +20,9 @@ class Clock:
 
 
 def line(uplink: LogUplink, name: str, level: str = "info", **fields: Any) -> None:
-    uplink(logs.Logger(name), level, {"event": "something.happened", "level": level, **fields})
+    uplink(
+        logs.Logger(name), level, {"event": "something.happened", "level": level, **fields}
+    )
 
 
 def test_held_lines_are_bounded_keeping_the_newest_and_counting_drops() -> None:
