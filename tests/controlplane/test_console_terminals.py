@@ -113,6 +113,7 @@ def test_a_reload_shows_the_same_screen(page: Page) -> None:
     page.browser.refresh()
     page.one(f'.term-pane[data-process-id="{pid}"]')
     page.wait(lambda _: page.screen(pid) == before, "the same screen after the reload")
+    assert page.browser.save_screenshot(str(page.tmp / "terminal-after-reload.png"))
 
 
 def test_the_terminal_follows_the_window_size(page: Page) -> None:
