@@ -20,6 +20,7 @@ const terminals = {
   instance: null,
   panes: new Map(), // process_id -> Pane
   link: null,
+  streamLost: false,
 };
 window.agentTerminals = terminals;
 
@@ -242,10 +243,14 @@ function onStored(event) {
   }
 }
 
+// The driver's link came back, or the page's own stream did (the control plane may have restarted
+// while the link was down, and the driver reconnected before the page heard of it): catch up.
 function onInstance(summary) {
   const before = terminals.link;
   terminals.link = summary.link;
-  if (summary.link === "connected" && before !== null && before !== "connected") {
+  const back = (before !== null && before !== "connected") || terminals.streamLost;
+  if (summary.link === "connected" && back) {
+    terminals.streamLost = false;
     for (const pane of terminals.panes.values()) pane.catchUp(true);
   }
 }
@@ -255,9 +260,13 @@ terminals.select = (instanceId, source) => {
   terminals.panes = new Map();
   terminals.instance = instanceId;
   terminals.link = null;
+  terminals.streamLost = false;
   document.getElementById("terminals").hidden = false;
   source.addEventListener("stored", (e) => onStored(JSON.parse(e.data)));
   source.addEventListener("instance", (e) => onInstance(JSON.parse(e.data)));
+  source.addEventListener("error", () => {
+    terminals.streamLost = true;
+  });
   if (terminals.openOnSelect) {
     terminals.openOnSelect = false; // `agent-driver dev`'s /shell: one shell, once
     openShell();
