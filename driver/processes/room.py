@@ -126,6 +126,9 @@ class ProcessRoom:
             return None, exc.error
         except SpecError as exc:
             return None, CommandError(exc.code, exc.message)
+        except OSError as exc:  # the state_dir's disk, a folder: the command fails, the driver goes on
+            log.error("process.command_failed", error=type(exc).__name__, exc_info=True)
+            return None, CommandError("driver.internal_error", f"{type(exc).__name__}: {exc.strerror or 'I/O error'}")
         return None, CommandError("command.invalid", "not a process command")
 
     def _get(self, process_id: str) -> Proc:
