@@ -309,6 +309,9 @@ async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
         async with asyncio.timeout(60):
             while "provider pid" not in await screen.line_with("[activity]"):
                 await type_line("/status")
+        # /shell: a terminal beside the agent, for the web console; session.stop ends it.
+        await type_line("/shell")
+        shell = (await screen.line_with("[dev] shell ")).split()[2]
         await type_line("/quit")
         await screen.wait_for("[dev] the driver stopped cleanly")
         async with asyncio.timeout(30):
@@ -319,6 +322,9 @@ async def test_interactive_chat_through_a_pipe(tmp_path: Path) -> None:
             await proc.wait()
 
     events = stored_events(workdir)
+    started = [e["payload"] for e in events if e["kind"] == "process.started"]
+    assert [(p["process_id"], p["pty"], p["argv"][-1]) for p in started] == [(shell, {"cols": 120, "rows": 30}, "-l")]
+    assert [e["payload"]["process_id"] for e in events if e["kind"] == "process.exited"] == [shell]
     terminals = [e["kind"] for e in events if e["kind"] in ("run.completed", "run.failed", "run.cancelled")]
     assert terminals == ["run.completed", "run.completed", "run.cancelled"]
     resolved = [e["payload"] for e in events if e["kind"] == "permission.resolved"]

@@ -205,6 +205,18 @@ class CommandDesk:
                     await fail(exc.code, exc.message, exc.retryable)
                     return
                 await self.finish(cid, seq, fp, "completed", result={"previous": previous, "current": current})
+            case (
+                cmds.ProcessStart()
+                | cmds.ProcessInput()
+                | cmds.ProcessResize()
+                | cmds.ProcessSignal()
+                | cmds.ProcessReplay()
+            ):
+                done, error = await k.processes.execute(command)
+                if error is not None:
+                    await fail(error.code, error.message, error.retryable)
+                else:
+                    await self.finish(cid, seq, fp, "completed", result=done)
             case cmds.SessionStop():
                 await k.lifecycle.stop(
                     reason=command.reason or "session.stop", requested_by="control_plane", command=(cid, seq, fp)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from driver.ports.files import AllowedRoots
     from driver.ports.host_tools import HostToolBroker
     from driver.ports.permissions import PermissionBroker
+    from driver.processes.room import ProcessRoom
     from driver.protocol.link import CloseReaction
     from driver.runs import Run
     from driver.supervisor import ProviderSupervisor
@@ -94,6 +95,7 @@ class Kernel:
     checkpoints: Checkpointer
     telemetry: TelemetryRoom
     supervisor: ProviderSupervisor
+    processes: ProcessRoom
 
     def __init__(
         self,
@@ -265,6 +267,8 @@ class Kernel:
                 ),
                 activity=self.telemetry.heartbeat_activity() if self.assembled.is_set() else None,
                 queued=self.runs.queue.run_ids() if self.assembled.is_set() else [],
+
+                processes=self.processes.heartbeat() if self.assembled.is_set() else [],
             )
         )
 
@@ -366,6 +370,7 @@ class Kernel:
             return
         # Fatal: stop providers and exit with the table's status; the journal keeps what is unsent.
         self.stopping = True
+        self.processes.kill_now()
         with anyio.CancelScope(shield=True):
             await self.supervisor.stop()
         self.exit_status = reaction.exit_status
@@ -379,6 +384,7 @@ class Kernel:
                     log.warning("driver.signal_exit", signal=signum)
                     # No orphans: the provider groups go at once, not after their grace periods.
                     self.supervisor.kill_now()
+                    self.processes.kill_now()
                     with anyio.CancelScope(shield=True):
                         await self.outbox.flush()
                     self.exit_status = 128 + signum

@@ -96,6 +96,7 @@ class Lifecycle:
                 error=CommandError("driver.restarted", "the driver restarted before this command completed", True),
                 kind=stored.kind,
             )
+        await k.processes.recover()  # §6.8: processes that died with the predecessor end once
         await k.outbox.flush()
         k.runs.queue.kick()
 
@@ -146,6 +147,7 @@ class Lifecycle:
         if run is not None:
             await k.runs.cancel_run(run, requested_by=requested_by, reason=reason)
             await run.ended.wait()
+        await k.processes.stop_all()  # §6.8: TERM, then KILL after 3 s; their exits are lossless
         await k.supervisor.stop()
         if drain:
             # §8.1: the provider is stopped, its files complete; the drain below waits for the receipts.

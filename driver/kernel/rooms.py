@@ -18,6 +18,7 @@ from driver.kernel.runpath import RunPath
 from driver.ports.files import AllowedRoots, driver_private
 from driver.ports.host_tools import HostToolBroker
 from driver.ports.permissions import PermissionBroker
+from driver.processes.room import ProcessRoom
 from driver.supervision import CrashWindow
 from driver.supervisor import ProviderSupervisor
 from driver.telemetry.room import TelemetryRoom
@@ -51,6 +52,7 @@ def assemble(k: Kernel) -> None:
     k.checkpoints = Checkpointer(k)
     k.lifecycle = Lifecycle(k)
     k.telemetry = TelemetryRoom(k)
+    k.processes = ProcessRoom(k)
     opts = k.options
     k.supervisor = ProviderSupervisor(
         k.provider.new_adapter,

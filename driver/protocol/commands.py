@@ -8,7 +8,7 @@ with the message msgspec gives, which names the offending field and never echoes
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -72,7 +72,66 @@ class SessionStop(_Command, tag="session.stop"):
     reason: str = ""
 
 
-Command = InputStart | InputSteer | TurnCancel | PermissionResolve | HostToolResult | SessionReset | SessionStop
+# -- processes and terminals outside a run (PROTOCOL §6.8) ---------------------------------------------
+# A process id names files under state_dir (hashed) and appears in the console: printable, bounded.
+ProcessId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
+# struct winsize holds unsigned shorts; a terminal larger than this is a mistake, not a screen.
+TermCells = Annotated[int, msgspec.Meta(ge=1, le=4096)]
+MAX_PROCESS_INPUT = 1024 * 1024  # characters of one process.input
+MAX_ARGV = 256
+MAX_ENV = 256
+
+
+class PtyRequest(msgspec.Struct, frozen=True):
+    cols: TermCells = 80
+    rows: TermCells = 24
+
+
+class ProcessStart(_Command, tag="process.start"):
+    process_id: ProcessId
+    argv: Annotated[list[str], msgspec.Meta(max_length=MAX_ARGV)] = msgspec.field(default_factory=list)
+    cwd: str | None = None
+    env: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_ENV)] = msgspec.field(default_factory=dict)
+    pty: PtyRequest | None = None
+
+
+class ProcessInput(_Command, tag="process.input"):
+    process_id: ProcessId
+    data: Annotated[str, msgspec.Meta(max_length=MAX_PROCESS_INPUT)]
+
+
+class ProcessResize(_Command, tag="process.resize"):
+    process_id: ProcessId
+    cols: TermCells
+    rows: TermCells
+
+
+class ProcessSignal(_Command, tag="process.signal"):
+    process_id: ProcessId
+    signal: Literal["TERM", "KILL", "INT", "HUP"]
+
+
+class ProcessReplay(_Command, tag="process.replay"):
+    process_id: ProcessId
+    from_offset: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+
+
+ProcessCommand = ProcessStart | ProcessInput | ProcessResize | ProcessSignal | ProcessReplay
+
+Command = (
+    InputStart
+    | InputSteer
+    | TurnCancel
+    | PermissionResolve
+    | HostToolResult
+    | SessionReset
+    | SessionStop
+    | ProcessStart
+    | ProcessInput
+    | ProcessResize
+    | ProcessSignal
+    | ProcessReplay
+)
 COMMAND_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in Command.__args__)  # type: ignore[attr-defined]
 
 _decoder = msgspec.json.Decoder(Command)
@@ -143,6 +202,13 @@ __all__ = [
     "InputStart",
     "InputSteer",
     "PermissionResolve",
+    "ProcessCommand",
+    "ProcessInput",
+    "ProcessReplay",
+    "ProcessResize",
+    "ProcessSignal",
+    "ProcessStart",
+    "PtyRequest",
     "Repeat",
     "RunInput",
     "SessionReset",

@@ -36,7 +36,10 @@ from driver.protocol.payloads import (  # noqa: F401 (re-exported: the payload s
     PermissionResolved,
     PlanEntry,
     PlanUpdated,
+    ProcessExited,
     ProcessLeft,
+    ProcessOutput,
+    ProcessStarted,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -116,6 +119,10 @@ EVENT_KINDS: dict[str, EventKind] = {
     # Not run-scoped in the kernel's sense: the proxy names the run itself (driver.model_proxy.room),
     # so a request that outlived its run is still reported, never dropped.
     "model.usage": _k(ModelUsage, run_scoped=False),
+
+    "process.started": _k(ProcessStarted, run_scoped=False),
+    "process.output": _k(ProcessOutput, "best_effort", run_scoped=False),
+    "process.exited": _k(ProcessExited, run_scoped=False),
 }
 
 RUN_TERMINALS: frozenset[str] = frozenset({"run.completed", "run.failed", "run.cancelled"})

@@ -79,6 +79,14 @@ class HeartbeatActivity(msgspec.Struct, kw_only=True):
     tool_running_ms: int | None = None
 
 
+class HeartbeatProcess(msgspec.Struct, kw_only=True):
+    """A running process of PROTOCOL §6.8."""
+
+    process_id: str
+    pid: int
+    running_ms: int
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", tag_field="type", kw_only=True):
     at: str
     state: DriverStateName
@@ -86,6 +94,8 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", tag_field="type", kw_only=True)
     outbox: HeartbeatOutbox
     activity: HeartbeatActivity | None = None
     queued: list[str] = msgspec.field(default_factory=list)  # queued run ids, in start order (§3.1)
+
+    processes: list[HeartbeatProcess] = msgspec.field(default_factory=list)  # §6.8
 
 
 class CommandError(msgspec.Struct, frozen=True):

@@ -327,3 +327,32 @@ class InputSteered(_P):
     command_id: str
     text: str
     mode: Literal["native", "follow_up"]
+
+# -- processes and terminals outside a run (PROTOCOL §6.8) --------------------------------------------
+
+
+class PtySize(msgspec.Struct, kw_only=True):
+    cols: int
+    rows: int
+
+
+class ProcessStarted(_P):
+    process_id: str
+    argv: list[str]
+    pty: PtySize | None
+    pid: int
+
+
+class ProcessOutput(_P):
+    process_id: str
+    offset: int  # of the first byte, counted in the process's raw output bytes
+    data: str  # UTF-8 text; invalid bytes as U+FFFD
+    truncated_before: bool = False
+
+
+class ProcessExited(_P):
+    process_id: str
+    exit_code: int | None
+    signal: str | None  # the signal's name without SIG ("KILL"), when a signal ended it
+    output_bytes: int
+    tail: str  # the last 4 KiB of output, decoded as `data` is

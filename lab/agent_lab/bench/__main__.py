@@ -1,7 +1,7 @@
 """`python -m agent_lab.bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
 Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment,
-steer, model_proxy.
+steer, model_proxy, processes.
 Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
 """
 
@@ -24,6 +24,7 @@ BENCHMARKS = (
     "containment",
     "steer",
     "model_proxy",
+    "processes",
 )
 
 

@@ -15,6 +15,8 @@ from agent_lab.dev.common import (
     HELP,
     READY_TIMEOUT_S,
     RUN_TERMINALS,
+    SHELL_COLS,
+    SHELL_ROWS,
     STOP_TIMEOUT_S,
     USER_PROMPT,
     Action,
@@ -188,6 +190,13 @@ class DevChat:
         await self.send("input.start", queued.command_id, run_id=queued.run_id, input={"text": text}, queue=True)
         self.say(f"[dev] queued {queued.run_id}: it starts when the run before it ends")
 
+    async def open_shell(self) -> None:
+        """A login shell in a terminal beside the agent (PROTOCOL §6.8): the web console shows a pane
+        for it as soon as the driver reports process.started. Runs or not, it goes at once."""
+        process_id = f"shell-{uuid.uuid4().hex[:8]}"
+        await self.send("process.start", process_id=process_id, argv=[], pty={"cols": SHELL_COLS, "rows": SHELL_ROWS})
+        self.say(f"[dev] shell {process_id} opens in the web console (the console URL above)")
+
     async def stop(self, why: str) -> None:
         if self.phase == "stopping":
             return
@@ -325,6 +334,8 @@ class DevChat:
             self.say(self.status.activity_line())
         elif command == "/help":
             self.say(HELP)
+        elif command == "/shell":
+            await self.open_shell()
         elif command in ("/quit", "/exit"):
             if self.phase == "running":
                 self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")

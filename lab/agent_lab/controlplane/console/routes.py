@@ -5,6 +5,7 @@
                                                 session cookie, redirects to /; a used code logs nobody in
     POST /login                                 the login form (token=T, form-encoded)
     GET  /static/{file}                         the page's CSS and JavaScript
+    GET  /vendor/{file}                         xterm.js and its CSS, from node_modules (see vendor.py)
     GET  /console/instances                     every known instance, summarised
     GET  /console/instances/{id}/stream         SSE (see stream.py); resumes from Last-Event-ID or ?after=ROW
     POST /console/instances/{id}/uploads        {"name": N, "data_b64": ...} -> an attachment for input.start
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote
 
-from agent_lab.controlplane.console import files, guard
+from agent_lab.controlplane.console import files, guard, vendor
 from agent_lab.controlplane.console.auth import cookie, cookie_name, has_bearer_token, session_cookie, token_matches
 from agent_lab.controlplane.console.httpio import HttpError, Request, respond, respond_json
 from agent_lab.controlplane.console.queries import ConsoleQueries
@@ -42,8 +43,12 @@ if TYPE_CHECKING:
 
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".png": "image/png"}
 HTML = "text/html; charset=utf-8"
-# The page loads nothing from elsewhere and runs only its own script.
-CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
+# The page loads nothing from elsewhere and runs only its own script. Inline styles are allowed for
+# xterm.js, which sizes its terminal with <style> elements it creates; no inline script runs.
+CSP = (
+    "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
 
 
 def _static(name: str) -> bytes:
@@ -113,6 +118,12 @@ class Console:
         head = parts[0] if parts else ""
         if head == "static" and len(parts) == 2 and method == "GET":
             await self._serve_static(parts[1], writer)
+            return True
+        if head == "vendor" and len(parts) == 2 and method == "GET":
+            found = vendor.read(parts[1])
+            if found is None:
+                raise HttpError(HTTPStatus.NOT_FOUND, "not found (is node_modules installed? run make setup)")
+            await respond(writer, HTTPStatus.OK, found[0], found[1])
             return True
         if head == "uploads" and len(parts) == 3 and method == "GET":
             data = files.read_upload(self.uploads, parts[1], parts[2])

@@ -118,7 +118,7 @@ async function loadInstances() {
     button.addEventListener("click", () => select(inst.instance_id));
     list.append(el("li", {}, button));
   }
-  const wanted = decodeURIComponent(location.hash.replace(/^#instance=/, ""));
+  const wanted = decodeURIComponent(location.hash.replace(/^#instance=/, "").replace(/&.*$/, ""));
   if (!state.instance && data.instances.length) {
     const pick = data.instances.find((i) => i.instance_id === wanted) || data.instances[0];
     select(pick.instance_id);
@@ -154,6 +154,7 @@ function select(instanceId) {
   source.addEventListener("commands", (e) => following(() => JSON.parse(e.data).forEach(showCommand)));
   source.addEventListener("command", (e) => following(() => showCommand(JSON.parse(e.data))));
   source.addEventListener("stored", (e) => following(() => showEvent(JSON.parse(e.data))));
+  if (window.agentTerminals) window.agentTerminals.select(instanceId, source); // terminals.js
 }
 
 function showSummary(s) {
@@ -485,6 +486,10 @@ const HANDLERS = {
   "usage.updated": simple("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(4)}`),
   "diagnostic.reported": simple("diagnostic", "diagnostic", (p) => `[${p.severity}] ${p.code}: ${p.message}`),
   "command.finished": simple("command finished", "command-finished", (p) => `${p.command_kind} ${p.command_id}: ${p.status}`),
+  // The output goes to the process's terminal (terminals.js), not to the timeline.
+  "process.output": () => {},
+  "process.started": simple("process started", "process", (p) => `${p.process_id}: ${(p.argv || []).join(" ")} (pid ${p.pid})`),
+  "process.exited": simple("process exited", "process", (p) => `${p.process_id}: ${p.signal ? `signal ${p.signal}` : `exit ${p.exit_code}`}, ${p.output_bytes} bytes`),
   "plan.updated": simple("plan", "plan", (p) => (p.entries || []).map((e) => `${e.status}: ${e.content}`).join("\n")),
   // §8.1: one row per checkpoint, from its manifest; the chunks (base64 of the session files) stay out.
   "checkpoint.recorded": simple("checkpoint", "checkpoint", (p) => {

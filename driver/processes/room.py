@@ -1,0 +1,403 @@
+"""The kernel's process room (PROTOCOL §6.8): the processes beside the agent, their commands, their
+output and their ends.
+
+Each process has one task (`_life`): it pumps the output (into the ring first, then as best-effort
+`process.output` events with the offset of their first byte), waits for the exit, and then admits
+the lossless `process.exited`, once. Processes belong to the session: a run's cancel never reaches
+them; `session.stop` ends them (TERM, then KILL after 3 s); the driver's death ends them through the
+containment they were started in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from driver import containment, logs
+from driver.adapters.environment import provider_env
+from driver.interfaces import PathNotAllowed
+from driver.processes import handle
+from driver.processes import spawn as spawning
+from driver.processes.ring import plan_replay
+from driver.processes.ringfile import RingFile, folder, leftovers, reset_folder
+from driver.processes.spec import MAX_PROCESSES, SIGNALS, SpecError, argv_of, env_of, exit_info
+from driver.processes.text import TAIL_BYTES, chunk_limit, complete_length, decode, tail_of
+from driver.protocol import commands as cmds
+from driver.protocol.frames import CommandError, HeartbeatProcess
+
+if TYPE_CHECKING:
+    from driver.kernel.core import Kernel
+
+log = logs.get("driver.processes")
+
+STOP_GRACE_S = 3.0  # session.stop: TERM, then KILL after this long
+KILL_WAIT_S = 5.0  # after KILL, how long stop waits for the exits to be reported
+OUTPUT_DRAIN_S = 2.0  # after the exit, how long the output may still be read (a child may hold it open)
+INPUT_TIMEOUT_S = 10.0  # a process.input that the process does not read within this fails
+KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest go first)
+# Flow control: the reader pauses while this many best-effort events wait for the link, so a flood
+# slows the process (as a terminal over ssh would) instead of filling the buffer and dropping.
+PACE_EVENTS = 2
+PACE_STEP_S = 0.002
+PACE_MAX_STEPS = 500
+
+
+class CommandFailed(Exception):
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.error = CommandError(code, message, retryable)
+
+
+@dataclass(eq=False)
+class Proc:
+    process_id: str
+    argv: list[str]
+    pty: tuple[int, int] | None
+    spawned: spawning.Spawned
+    ring: RingFile
+    started: float = field(default_factory=time.monotonic)
+    running: bool = True
+    next_live: int = 0  # the offset of the first byte not yet sent live
+    pending: bytes = b""  # the start of a character the next read completes
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    output_done: anyio.Event = field(default_factory=anyio.Event)
+    write_lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def pid(self) -> int:
+        return self.spawned.proc.pid
+
+
+class ProcessRoom:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        state_dir = Path(kernel.boot.session.state_dir)
+        # What a dead predecessor left running died with it: each still gets its process.exited.
+        self._leftovers = leftovers(folder(state_dir))
+        self.root = reset_folder(state_dir)
+        self.procs: dict[str, Proc] = {}
+        self._exited: deque[str] = deque()
+        self._starting: set[str] = set()
+        self._generation = 0
+
+    async def recover(self) -> None:
+        """At start, before any command: end the processes a dead driver process left. They died with
+        it (the containment's SIGKILL); the ring it left gives their length and tail."""
+        for left in self._leftovers:
+            await self.k.emit(
+                "process.exited",
+                {
+                    "process_id": left.process_id,
+                    "exit_code": None,
+                    "signal": "KILL",
+                    "output_bytes": left.output_bytes,
+                    "tail": tail_of(left.tail, cut=left.cut),
+                },
+            )
+            log.warning("process.died_with_driver", process_id=left.process_id)
+        self._leftovers = []
+
+    # -- commands ---------------------------------------------------------------------------------
+    async def execute(self, command: cmds.ProcessCommand) -> tuple[dict[str, Any] | None, CommandError | None]:
+        """Run one process.* command: (result, None) or (None, error)."""
+        try:
+            match command:
+                case cmds.ProcessStart():
+                    return await self.start(command), None
+                case cmds.ProcessInput():
+                    await self.input(self._get(command.process_id), command.data.encode())
+                    return {}, None
+                case cmds.ProcessResize():
+                    self.resize(self._get(command.process_id), command.cols, command.rows)
+                    return {}, None
+                case cmds.ProcessSignal():
+                    return self.signal(self._get(command.process_id), SIGNALS[command.signal]), None
+                case cmds.ProcessReplay():
+                    return await self.replay(self._get(command.process_id), command.from_offset), None
+        except CommandFailed as exc:
+            return None, exc.error
+        except SpecError as exc:
+            return None, CommandError(exc.code, exc.message)
+        except OSError as exc:  # the state_dir's disk, a folder: the command fails, the driver goes on
+            log.error("process.command_failed", error=type(exc).__name__, exc_info=True)
+            return None, CommandError("driver.internal_error", f"{type(exc).__name__}: {exc.strerror or 'I/O error'}")
+        return None, CommandError("command.invalid", "not a process command")
+
+    def _get(self, process_id: str) -> Proc:
+        p = self.procs.get(process_id)
+        if p is None:
+            raise CommandFailed("process.not_found", f"no process {process_id!r} in this driver process")
+        return p
+
+    async def start(self, c: cmds.ProcessStart) -> dict[str, Any]:
+        old = self.procs.get(c.process_id)
+        if c.process_id in self._starting or (old is not None and not old.exited.is_set()):
+            raise CommandFailed("process.exists", f"process {c.process_id!r} is running")  # until its exit is out
+        live = sum(1 for p in self.procs.values() if not p.exited.is_set()) + len(self._starting)
+        if live >= MAX_PROCESSES:
+            raise CommandFailed("process.limit", f"at most {MAX_PROCESSES} processes run at once", retryable=True)
+        # Reserved before the first wait: two starts of one id, or a 17th, cannot both pass the checks.
+        self._starting.add(c.process_id)
+        try:
+            return await self._start(c, old)
+        finally:
+            self._starting.discard(c.process_id)
+
+    async def _start(self, c: cmds.ProcessStart, old: Proc | None) -> dict[str, Any]:
+        k = self.k
+        cwd = self._cwd(c.cwd)
+        pty = (c.pty.cols, c.pty.rows) if c.pty is not None else None
+        proxy = k.boot.execution.model_proxy
+        env = env_of(self._provider_env(), c.env, proxy.secrets if proxy else [], pty=pty is not None)
+        argv = argv_of(c.argv, env, handle.account_shell())
+        if handle.executable(argv[0], env.get("PATH"), cwd) is None:
+            raise CommandFailed("process.spawn_failed", f"argv[0] is not an executable: {argv[0][:200]!r}")
+        prefix = await spawning.prefix()
+        try:
+            spawned = spawning.spawn(argv, env, cwd, pty, prefix)
+        except OSError as exc:
+            raise CommandFailed("process.spawn_failed", f"the process could not start: {exc.strerror or exc}") from None
+        containment.started(spawned.proc.pid)
+        if old is not None:
+            self._forget(old)
+        self._generation += 1
+        try:
+            ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid)
+        except OSError as exc:  # the disk: the process must not run unrecorded
+            handle.send_signal(spawned, signal.SIGKILL, pty=pty is not None)
+            await handle.wait_exit(spawned)
+            containment.ended(spawned.proc.pid)
+            handle.close_fds(spawned)
+            raise CommandFailed("process.spawn_failed", f"its output ring: {exc.strerror or exc}") from None
+        p = Proc(c.process_id, argv, pty, spawned, ring)
+        self.procs[c.process_id] = p
+        await k.emit(
+            "process.started",
+            {
+                "process_id": p.process_id,
+                "argv": argv,
+                "pty": {"cols": pty[0], "rows": pty[1]} if pty else None,
+                "pid": p.pid,
+            },
+        )
+        log.info("process.started", process_id=p.process_id, pid=p.pid, pty=pty is not None)
+        k.spawn(self._life, p)
+        return {"pid": p.pid}
+
+    def _cwd(self, requested: str | None) -> Path:
+        try:
+            path = self.k.files.admit(requested if requested is not None else self.k.files.cwd)
+        except PathNotAllowed as exc:
+            raise CommandFailed("path.not_allowed", f"cwd: {exc}") from None
+        if not path.is_dir():
+            raise CommandFailed("path.not_allowed", "cwd is not a directory")
+        return path
+
+    def _provider_env(self) -> dict[str, str]:
+        boot = self.k.boot
+        home = Path(boot.session.state_dir) / "providers" / boot.execution.runtime / "home"
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return provider_env(boot.execution.environment, home=str(home))
+
+    async def input(self, p: Proc, data: bytes) -> None:
+        if not p.running:
+            raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
+        fd = p.spawned.write_fd
+        view = memoryview(data)
+        with anyio.move_on_after(INPUT_TIMEOUT_S) as scope:
+            async with p.write_lock:
+                while view:
+                    if not p.running:  # checked before every write: a closed fd's number may be reused
+                        raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
+                    try:
+                        view = view[os.write(fd, view) :]
+                    except BlockingIOError:
+                        try:
+                            await anyio.wait_writable(fd)
+                        except anyio.ClosedResourceError:
+                            raise CommandFailed("process.not_running", "its input was closed") from None
+                    except OSError as exc:  # EPIPE, EIO: its input is gone
+                        raise CommandFailed("process.not_running", f"its input is closed ({exc.strerror})") from None
+        if scope.cancelled_caught:
+            raise CommandFailed("process.busy", "the process did not read its input in time", retryable=True)
+
+    def resize(self, p: Proc, cols: int, rows: int) -> None:
+        if p.pty is None:
+            raise CommandFailed("process.not_a_terminal", f"process {p.process_id!r} has pipes, not a terminal")
+        if not p.running:
+            raise CommandFailed("process.not_running", f"process {p.process_id!r} has exited")
+        try:
+            spawning.set_winsize(p.spawned.write_fd, cols, rows)
+        except OSError as exc:
+            raise CommandFailed("process.not_running", f"its terminal is gone ({exc.strerror})") from None
+        p.pty = (cols, rows)
+
+    def signal(self, p: Proc, sig: int) -> dict[str, Any]:
+        if not p.running:
+            return {"already_exited": True}
+        handle.send_signal(p.spawned, sig, pty=p.pty is not None)
+        return {}
+
+    async def replay(self, p: Proc, from_offset: int) -> dict[str, Any]:
+        total = p.ring.total
+        if from_offset > total:
+            raise CommandFailed("process.offset_ahead", f"from_offset {from_offset} is past the output ({total} bytes)")
+        plan = plan_replay(from_offset, total, p.ring.capacity)
+        data = p.ring.read(plan.start, plan.end)  # read at once: the ring may turn while this is sent
+        await self._send_text(p, plan.start, data, truncated_before=plan.truncated_before)
+        return {"from_offset": plan.start, "to_offset": plan.end, "truncated_before": plan.truncated_before}
+
+    # -- output -----------------------------------------------------------------------------------
+    async def _send_text(self, p: Proc, offset: int, data: bytes, *, truncated_before: bool = False) -> None:
+        """Send `data` (output from `offset`) as process.output events of at most the chunk limit,
+        cut between characters."""
+        limit = chunk_limit(self.k.max_event_bytes)
+        at = 0
+        while at < len(data) or (at == 0 and truncated_before):
+            piece = data[at : at + limit]
+            n = len(piece)
+            if at + n < len(data):
+                n = complete_length(piece) or n
+            body: dict[str, Any] = {"process_id": p.process_id, "offset": offset + at, "data": decode(piece[:n])}
+            if at == 0 and truncated_before:
+                body["truncated_before"] = True  # an empty event says it when nothing is left to resend
+            await self.k.emit("process.output", body)
+            await self._pace()  # a replay of 1 MiB must not overflow the best-effort buffer either
+            at += n
+            if n == 0:
+                break
+
+    async def _live(self, p: Proc, data: bytes, *, final: bool) -> None:
+        buf = p.pending + data
+        n = len(buf) if final else complete_length(buf)
+        if n:
+            await self._send_text(p, p.next_live, buf[:n])
+        p.next_live += n
+        p.pending = buf[n:]
+
+    async def _pump(self, p: Proc) -> None:
+        fd = p.spawned.read_fd
+        try:
+            while True:
+                await anyio.wait_readable(fd)
+                data, eof = handle.read_available(fd, chunk_limit(self.k.max_event_bytes))
+                if data:
+                    p.ring.append(data)
+                    await self._live(p, data, final=False)
+                if eof:
+                    return
+        finally:
+            p.output_done.set()
+
+    async def _pace(self) -> None:
+        """Flow control, and the lossless path first: the next chunk waits while earlier output still
+        waits for the link, or while lossless events wait for their receipts (a flood must not
+        delay them, PROTOCOL §6.8's "beside the agent"). Bounded: a stalled link or a steady
+        stream of lossless events slows a process, never stops it."""
+        outbox, desk = self.k.outbox, self.k.commands
+        for _ in range(PACE_MAX_STEPS):
+            if not outbox.link_up:
+                return  # nothing is sent: the ring keeps the output for a replay
+            busy = len(outbox.best_effort) >= PACE_EVENTS or outbox.pending_count > 0
+            # A command under way will admit its lossless command.finished soon: let it go first
+            # (process.* commands excepted: a keystroke's echo must not wait for its own command).
+            if not busy and not any(not kind.startswith("process.") for kind in desk.kinds.values()):
+                return
+            await anyio.sleep(PACE_STEP_S)
+
+    # -- life and end -----------------------------------------------------------------------------
+    async def _life(self, p: Proc) -> None:
+        returncode: int | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pump, p)
+                returncode = await handle.wait_exit(p.spawned)
+                with anyio.move_on_after(OUTPUT_DRAIN_S):
+                    await p.output_done.wait()
+                tg.cancel_scope.cancel()
+        except Exception as exc:  # never let one process take the driver down
+            log.error("process.failed", process_id=p.process_id, error=type(exc).__name__, exc_info=True)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._ended(p, returncode)
+
+    async def _ended(self, p: Proc, returncode: int | None) -> None:
+        if returncode is None:  # the wait failed: make sure it is gone
+            handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
+            with contextlib.suppress(Exception):
+                returncode = await handle.wait_exit(p.spawned)
+        code = containment.exit_status(returncode)
+        containment.ended(p.pid)
+        p.running = False  # before the fds close: no command may use them from here on
+        handle.close_fds(p.spawned)
+        with contextlib.suppress(Exception):
+            if p.pending:
+                await self._live(p, b"", final=True)
+        info = exit_info(code if code is not None else -signal.SIGKILL)
+        total = p.ring.total
+        start = max(0, total - TAIL_BYTES)
+        tail = tail_of(p.ring.read(start, total), cut=start > 0)
+        await self.k.emit(
+            "process.exited",
+            {
+                "process_id": p.process_id,
+                "exit_code": info.exit_code,
+                "signal": info.signal,
+                "output_bytes": total,
+                "tail": tail,
+            },
+        )
+        p.ring.ended()  # journaled: a successor must not end it again
+        log.info("process.exited", process_id=p.process_id, exit_code=info.exit_code, signal=info.signal)
+        self._exited.append(p.process_id)
+        while len(self._exited) > KEPT_EXITED:
+            gone = self.procs.get(self._exited.popleft())
+            if gone is not None and gone is not p and gone.exited.is_set():
+                self._forget(gone)
+        p.exited.set()
+
+    def _forget(self, p: Proc) -> None:
+        if self.procs.get(p.process_id) is p:
+            del self.procs[p.process_id]
+        with contextlib.suppress(ValueError):
+            self._exited.remove(p.process_id)
+        p.ring.close(remove=True)
+
+    async def stop_all(self) -> None:
+        """session.stop: TERM, KILL after 3 s, and wait until every `process.exited` is admitted."""
+        running = [p for p in self.procs.values() if not p.exited.is_set()]
+        if not running:
+            return
+        for p in running:
+            if p.running:
+                handle.send_signal(p.spawned, signal.SIGTERM, pty=p.pty is not None)
+        with anyio.move_on_after(STOP_GRACE_S):
+            for p in running:
+                await p.exited.wait()
+        for p in running:
+            if p.running:
+                handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
+        with anyio.move_on_after(KILL_WAIT_S):
+            for p in running:
+                await p.exited.wait()
+
+    def kill_now(self) -> None:
+        for p in self.procs.values():
+            if p.running:
+                handle.send_signal(p.spawned, signal.SIGKILL, pty=p.pty is not None)
+
+    def heartbeat(self) -> list[HeartbeatProcess]:
+        now = time.monotonic()
+        return [
+            HeartbeatProcess(process_id=p.process_id, pid=p.pid, running_ms=int((now - p.started) * 1000))
+            for p in self.procs.values()
+            if p.running
+        ]
