@@ -1,10 +1,7 @@
-"""Run inputs and outputs (PROTOCOL §6.5): attachments into `cwd/inputs/`, artifacts from `cwd/outputs/`."""
+"""Run inputs (PROTOCOL §6.5): attachments into `cwd/inputs/` (the outputs scan is driver.ports.outputs)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from driver.ports.fetch import fetch
@@ -15,12 +12,6 @@ MAX_ATTACHMENT_BYTES = 256 * 1024 * 1024
 
 class AttachmentError(Exception):
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class FileState:
-    size: int
-    mtime_ns: int
 
 
 def attachment_path(cwd: Path, name: str) -> Path:
@@ -46,36 +37,3 @@ async def download_attachments(cwd: Path, attachments: list[Attachment]) -> list
             raise AttachmentError(f"attachment {att.name!r}: got {size} bytes, expected {att.size}")
         done.append((att, attachment_path(cwd, att.name)))  # as the caller names cwd
     return done
-
-
-def snapshot_outputs(cwd: Path) -> dict[str, FileState]:
-    """Size and mtime of every regular file under `cwd/outputs/` (symlinks are not followed)."""
-    root = cwd / "outputs"
-    out: dict[str, FileState] = {}
-    if not root.is_dir():
-        return out
-    for dirpath, _dirs, files in os.walk(root, followlinks=False):
-        for name in files:
-            p = Path(dirpath) / name
-            try:
-                st = p.lstat()
-            except OSError:
-                continue
-            if p.is_symlink() or not p.is_file():
-                continue
-            out[str(p.relative_to(cwd))] = FileState(st.st_size, st.st_mtime_ns)
-    return out
-
-
-def changed_outputs(cwd: Path, before: dict[str, FileState]) -> list[tuple[str, int, str]]:
-    """(path relative to cwd, size, sha256) of files under outputs/ that are new or changed since `before`."""
-    result: list[tuple[str, int, str]] = []
-    for rel, state in sorted(snapshot_outputs(cwd).items()):
-        if before.get(rel) == state:
-            continue
-        digest = hashlib.sha256()
-        with open(cwd / rel, "rb") as f:
-            while chunk := f.read(1 << 16):
-                digest.update(chunk)
-        result.append((rel, state.size, digest.hexdigest()))
-    return result
