@@ -216,7 +216,7 @@ class ProviderRoom:
         cwd = Path(k.boot.session.cwd)
         for skill in k.boot.execution.skills:
             try:
-                installed = await skills.install(skill, cwd)
+                installed = await skills.install(skill, cwd, deadline_s=k.options.skill_timeout_s)
                 log.info("skill.installed", name=skill.name, path=str(installed.path))
             except skills.SkillError as exc:
                 await k.emit(

@@ -307,7 +307,9 @@ class RunPath:
         try:
             for att in run_input.attachments:
                 k.files.admit(artifacts.attachment_path(cwd, att.name))
-            saved = await artifacts.download_attachments(cwd, run_input.attachments)
+            saved = await artifacts.download_attachments(
+                cwd, run_input.attachments, deadline_s=k.options.attachment_timeout_s
+            )
         except (artifacts.AttachmentError, PathNotAllowed) as exc:
             raise ProviderError("input.attachment_invalid", str(exc)) from None
         listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)

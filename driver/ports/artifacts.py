@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from driver.ports.fetch import fetch
+from driver.ports.fetch import DEFAULT_DEADLINE_S, fetch
 from driver.protocol.commands import Attachment
 
 MAX_ATTACHMENT_BYTES = 256 * 1024 * 1024
@@ -22,14 +22,20 @@ def attachment_path(cwd: Path, name: str) -> Path:
     return cwd / "inputs" / name
 
 
-async def download_attachments(cwd: Path, attachments: list[Attachment]) -> list[tuple[Attachment, Path]]:
+async def download_attachments(
+    cwd: Path, attachments: list[Attachment], *, deadline_s: float = DEFAULT_DEADLINE_S
+) -> list[tuple[Attachment, Path]]:
+    """Each attachment into cwd/inputs/, each within `deadline_s` overall; cancellable (a cancel
+    abandons the download at once: driver.ports.fetch)."""
     done: list[tuple[Attachment, Path]] = []
     # The root is resolved once; below it the download refuses any symlink (fetch_to walks with O_NOFOLLOW).
     root = cwd.resolve()
     for att in attachments:
         dest = attachment_path(root, att.name)
         try:
-            size = await fetch(att.url, dest, sha256=att.sha256, max_bytes=min(att.size, MAX_ATTACHMENT_BYTES))
+            size = await fetch(
+                att.url, dest, sha256=att.sha256, max_bytes=min(att.size, MAX_ATTACHMENT_BYTES), deadline_s=deadline_s
+            )
         except Exception as exc:
             raise AttachmentError(f"attachment {att.name!r}: {exc}") from None
         if size != att.size:
