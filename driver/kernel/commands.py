@@ -21,6 +21,7 @@ from driver.kernel import guard
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
+from driver.protocol.fingerprint import comparable
 from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
 from driver.queue.command_saver import CommandSaver
 
@@ -116,7 +117,8 @@ class CommandDesk:
             if stored is not None and stored.status in TERMINAL_STATUSES and stored.update_frame is not None
             else None
         )
-        match cmds.classify_repeat(fingerprint, known, terminal):
+        # A status stored by an older driver holds an older kind of fingerprint: compared in kind.
+        match cmds.classify_repeat(comparable(raw, fingerprint, known), known, terminal):
             case cmds.Repeat.CONFLICT:
                 await self.send_update(
                     CommandUpdate(
