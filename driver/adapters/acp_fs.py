@@ -45,7 +45,8 @@ def admit(files: FilePort, path: str) -> Path:
 
 def _read(path: Path, line: int | None, limit: int | None) -> str:
     try:
-        fd = open_admitted(path, os.O_RDONLY)
+        # Non-blocking: opening a FIFO the agent made must not hold a worker thread (it is refused below).
+        fd = open_admitted(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise JsonRpcError(m.RESOURCE_NOT_FOUND, f"file not found: {path}") from None
     except OSError as exc:
@@ -73,12 +74,15 @@ def _write(path: Path, content: str) -> WriteResult:
     except FileExistsError:
         created = False
         try:
-            fd = open_admitted(path, os.O_WRONLY | os.O_TRUNC)
+            # Non-blocking, then checked: a FIFO must neither hold the open nor be written to.
+            fd = open_admitted(path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK)
         except OSError as exc:
             raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     except OSError as exc:
         raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     with os.fdopen(fd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JsonRpcError(m.INVALID_PARAMS, f"not a regular file: {path}")
         fh.write(data)
     return WriteResult(path, created, hashlib.sha256(data).hexdigest())
 
@@ -104,7 +108,8 @@ async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> Wri
 def sha256_of(path: Path) -> str | None:
     """The file's sha256, or None when it does not exist (deleted) or is not a regular file."""
     try:
-        fd = open_admitted(path, os.O_RDONLY)
+        # Non-blocking: a FIFO the agent left under that name must not hold a worker thread forever.
+        fd = open_admitted(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     digest = hashlib.sha256()

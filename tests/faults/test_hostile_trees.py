@@ -119,3 +119,23 @@ async def test_symlinked_outputs_is_refused_and_huge_outputs_is_bounded(tmp_path
             assert d.proc.poll() is None
         finally:
             d.close()
+
+
+async def test_a_fifo_in_place_of_a_file_never_holds_the_driver(tmp_path: Path) -> None:
+    """ACP `fs/*` on a FIFO the agent made: refused at once, not a worker thread blocked forever."""
+    async with control_plane(tmp_path) as cp:
+        d = DriverProcess(tmp_path, boot_payload(tmp_path, cp.url))
+        try:
+            await booted(cp)
+            assert (await shell_run(cp, "run-1", "mkfifo pipe.txt"))["status"] == "completed"
+            # Read: refused as no regular file. Write: refused (no reader: ENXIO), never blocked.
+            for i, (text, error) in enumerate([("[[read:pipe.txt]]", "regular file"), ("[[write:pipe.txt:x]]", "")]):
+                cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=f"fifo-{i}", input={"text": text})
+                assert (await status(cp, cid, timeout=20))["status"] == "completed"
+                [done] = cp.events(INSTANCE, kinds="run.completed", run_id=f"fifo-{i}")
+                reply = done["payload"]["final_message_text"]
+                assert reply.startswith(("read error:", "write error:")) and error in reply, reply
+            await run_ok(cp, "run-2")
+            assert d.proc.poll() is None
+        finally:
+            d.close()
