@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import logs
+from driver.protocol import paths
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -40,7 +41,7 @@ def describe(exc: BaseException) -> tuple[str, str]:
         return inner_name, inner
     text = logs.REDACTOR.redact(str(exc))
     # A file name that is not UTF-8 may sit in the message: escaped, it encodes.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = paths.escaped(text)
     if len(text) > MESSAGE_LIMIT:
         text = text[: MESSAGE_LIMIT - 1] + "…"
     return name, text

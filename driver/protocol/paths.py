@@ -10,6 +10,7 @@ is valid UTF-8 has no `path_b64`: its absence says the `path` is the name itself
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 from typing import Any
 
@@ -29,7 +30,11 @@ def escaped(name: str) -> str:
     """`name` as UTF-8 text, each byte that is not UTF-8 written `\\xNN`."""
     if is_clean(name):
         return name
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    try:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        # A surrogate that no undecodable byte gives (text from elsewhere): written `\udNNN`.
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def carry(entry: dict[str, Any], key: str = "path") -> dict[str, Any]:
@@ -39,7 +44,8 @@ def carry(entry: dict[str, Any], key: str = "path") -> dict[str, Any]:
         return entry
     out = dict(entry)
     out[key] = escaped(name)
-    out[PATH_B64] = base64.b64encode(os.fsencode(name)).decode("ascii")
+    with contextlib.suppress(UnicodeEncodeError):  # not a file system name: no raw bytes to give
+        out[PATH_B64] = base64.b64encode(os.fsencode(name)).decode("ascii")
     return out
 
 
