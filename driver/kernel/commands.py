@@ -15,9 +15,8 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
-from driver import logs
+from driver import guard, logs
 from driver.adapters.base import ProviderError
-from driver.kernel import guard
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
@@ -146,34 +145,33 @@ class CommandDesk:
         # Commands still begin executing in arrival order (a turn.cancel right behind its input.start
         # must find the run): each waits for its predecessor to have started.
         previous, self._started = self._started, anyio.Event()
-        k.spawn(self.accept, head, raw, fingerprint, previous, self._started)
+        k.spawn_contained(self.accept, head, raw, fingerprint, previous, self._started)
 
     async def accept(
         self, head: CommandFrame, raw: bytes, fingerprint: str, previous: anyio.Event | None, started: anyio.Event
     ) -> None:
+        """Its own boundary (spawned unguarded: a flood holds thousands of these at once, each one
+        frame, not three)."""
         try:
-            await self._accept(head, raw, fingerprint, previous)
+            await self.saver.save(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
+            await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
+            try:
+                command = cmds.decode_command(raw)
+            except cmds.CommandInvalid as exc:
+                await self.finish(
+                    head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
+                )
+                return
+            await self._after(previous)
+            self.k.spawn(self.execute, command, fingerprint)
+            # Let it run to its first wait (registering a run, say) before the next command starts.
+            await anyio.lowlevel.checkpoint()
         except Exception as exc:
             await self.internal_error(head.command_id, head.seq, head.kind, exc, fingerprint)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._after(previous)  # the chain holds even for a command that did not execute
             started.set()
-
-    async def _accept(self, head: CommandFrame, raw: bytes, fingerprint: str, previous: anyio.Event | None) -> None:
-        await self.saver.save(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
-        await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
-        try:
-            command = cmds.decode_command(raw)
-        except cmds.CommandInvalid as exc:
-            await self.finish(
-                head.command_id, head.seq, fingerprint, "failed", error=CommandError("command.invalid", str(exc))
-            )
-            return
-        await self._after(previous)
-        self.k.spawn(self.execute, command, fingerprint)
-        # Let it run to its first wait (registering a run, say) before the next command starts.
-        await anyio.lowlevel.checkpoint()
 
     @staticmethod
     async def _after(previous: anyio.Event | None) -> None:

@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from driver import __version__, logs
+from driver import __version__, guard, logs
 from driver.capabilities import ALL as CAPABILITIES
 from driver.capabilities import capabilities_of
-from driver.kernel import guard
 from driver.kernel.options import KernelOptions, project_root
 from driver.protocol import paths
 from driver.protocol.boot import BootPayload
@@ -172,6 +171,11 @@ class Kernel:
         exception ends that task only, reported (driver.kernel.guard), never the task group."""
         assert self._tg is not None
         self._tg.start_soon(guard.supervised, self, fn, *args)
+
+    def spawn_contained(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start a task that is its own supervision boundary (it catches and reports its errors)."""
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
 
     def touch(self) -> None:
         """Something happened: the idle clock starts again."""

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
-from driver import logs, side_effects
+from driver import guard, logs, side_effects
 from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
-from driver.kernel import guard
 from driver.ports import artifacts, outputs
 from driver.protocol import commands as cmds
 from driver.protocol import paths

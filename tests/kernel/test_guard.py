@@ -9,8 +9,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from driver import logs
-from driver.kernel import guard
+from driver import guard, logs
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,8 @@ An unexpected exception fails the unit it happened in, never the process:
 - a run ends `run.failed{driver.internal_error}` (driver.kernel.runpath);
 - a command ends `failed` with code `driver.internal_error` (driver.kernel.commands);
 - a report (artifacts, side effects, file changes) is left out of the run's events;
-- a task of the kernel ends, and a long-lived one is restarted when that is safe (`keep`).
+- a task of the kernel ends, and a long-lived one is restarted when that is safe (`keep`);
+- a provider's request to a port (ACP `fs/*`, terminals, permissions) is answered with an error.
 Each is told to the control plane by a lossless `diagnostic.reported{code: driver.internal_error}` with
 the exception's type and its message, redacted and cut, and logged with its traceback (the logs are
 redacted too). The process itself exits only with the statuses of the README's table.
@@ -12,18 +13,22 @@ redacted too). The process itself exits only with the statuses of the README's t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import anyio
 
 from driver import logs
 from driver.protocol import paths
 
-if TYPE_CHECKING:
-    from driver.kernel.core import Kernel
+log = logs.get("driver.guard")
 
-log = logs.get("driver.kernel.guard")
+
+class Emits(Protocol):
+    """What a report needs: the events port (the kernel, or an adapter's ports)."""
+
+    def emit(self, kind: str, payload: dict[str, Any]) -> Awaitable[Any]: ...
+
 
 INTERNAL_ERROR = "driver.internal_error"
 MESSAGE_LIMIT = 300
@@ -52,7 +57,7 @@ def error_message(unit: str, exc: BaseException) -> str:
     return f"{unit}: unexpected {kind}: {text}" if text else f"{unit}: unexpected {kind}"
 
 
-async def report(k: Kernel, unit: str, exc: BaseException, **details: Any) -> None:
+async def report(k: Emits, unit: str, exc: BaseException, **details: Any) -> None:
     """Log `exc` with its traceback and admit the lossless diagnostic; never raises."""
     kind, text = describe(exc)
     log.error("driver.internal_error", unit=unit, error_type=kind, error=text, exc_info=True)
@@ -69,7 +74,7 @@ async def report(k: Kernel, unit: str, exc: BaseException, **details: Any) -> No
         log.error("driver.internal_error_unreported", unit=unit, exc_info=True)
 
 
-async def supervised(k: Kernel, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+async def supervised(k: Emits, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     """Run one task; an unexpected exception ends it (reported), not the kernel's task group."""
     try:
         await fn(*args)
@@ -77,7 +82,7 @@ async def supervised(k: Kernel, fn: Callable[..., Coroutine[Any, Any, Any]], *ar
         await report(k, f"task {_name(fn)}", exc)
 
 
-async def keep(k: Kernel, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+async def keep(k: Emits, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
     """Run a long-lived task for the process's life: restarted after an unexpected exception (with
     backoff), and done for good when it returns."""
     delay = RESTART_BASE_S
@@ -93,3 +98,27 @@ async def keep(k: Kernel, name: str, fn: Callable[[], Coroutine[Any, Any, Any]])
 
 def _name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+class PortErrors:
+    """For an adapter's JSON-RPC peer: a provider's request or notification whose handler (a port the
+    driver serves: ACP `fs/*`, terminals, permissions, ...) raised. The request is answered with an
+    error by the peer; this reports it, at most `limit` times per peer (a provider that repeats a
+    request that fails must not flood the outbox with diagnostics), then logs only."""
+
+    def __init__(self, emit: Callable[[str, dict[str, Any]], Awaitable[Any]], peer: str, limit: int = 20) -> None:
+        self._emit = emit
+        self.peer = peer
+        self.limit = limit
+        self.count = 0
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> Any:
+        return await self._emit(kind, payload)
+
+    async def __call__(self, method: str, exc: BaseException) -> None:
+        self.count += 1
+        if self.count > self.limit:
+            kind, text = describe(exc)
+            log.error("driver.internal_error", unit=f"{self.peer} {method}", error_type=kind, error=text)
+            return
+        await report(self, f"{self.peer} {method}", exc, method=method, reported=self.count, limit=self.limit)
