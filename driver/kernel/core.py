@@ -32,7 +32,6 @@ from driver.protocol.events import (
     PayloadError,
     event_limit,
     fit_payload,
-    validate_payload,
 )
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
@@ -214,7 +213,7 @@ class Kernel:
             await self.provider.observe(kind, payload)
         self.telemetry.observe(kind, payload)
         # PROTOCOL §4.3: cut to fit before admission, so no event can wedge the link.
-        body = fit_payload(kind, validate_payload(kind, payload), self.max_event_bytes)
+        body = fit_payload(kind, paths.validated(kind, payload), self.max_event_bytes)
         return await self.outbox.admit(kind, body, spec.delivery, run_id)
 
     # -- states ---------------------------------------------------------------------------------------

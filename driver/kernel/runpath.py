@@ -21,7 +21,7 @@ from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
 from driver.ports import artifacts, outputs
 from driver.protocol import commands as cmds
 from driver.protocol import paths
-from driver.protocol.events import EVENT_KINDS, fit_payload, validate_payload
+from driver.protocol.events import EVENT_KINDS, fit_payload
 from driver.protocol.frames import CommandError
 from driver.queue.outbox import utc_now
 from driver.runs import Run, choose_terminal, declined_tool_events
@@ -52,7 +52,7 @@ class RunPath:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
         spec = EVENT_KINDS[kind]
         self.k.telemetry.observe(kind, payload)
-        body = fit_payload(kind, validate_payload(kind, payload), self.k.max_event_bytes)  # §4.3
+        body = fit_payload(kind, paths.validated(kind, payload), self.k.max_event_bytes)  # §4.3
         return await self.k.outbox.admit(kind, body, spec.delivery, run_id)
 
     async def input_start(self, command: cmds.InputStart, fp: str) -> None:

@@ -59,3 +59,14 @@ def scrub(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [scrub(v) for v in value]
     return value
+
+
+def validated(kind: str, payload: dict[str, Any]) -> bytes:
+    """`validate_payload`, with any lone surrogate that is still in the payload (text a provider's
+    own JSON decoder let through, not a file name) escaped instead of failing the encoder."""
+    from driver.protocol.events import validate_payload
+
+    try:
+        return validate_payload(kind, payload)
+    except UnicodeEncodeError:
+        return validate_payload(kind, scrub(payload))

@@ -42,3 +42,10 @@ def test_a_surrogate_no_byte_gives_is_escaped_too() -> None:
     odd = "a\ud800b"
     assert escaped(odd) == "a\\ud800b"
     assert carry({"path": odd}) == {"path": "a\\ud800b"}
+
+
+def test_a_payload_with_a_lone_surrogate_still_validates() -> None:
+    from driver.protocol.paths import validated
+
+    body = validated("message.completed", {"message_id": "m", "role": "assistant", "text": "a\ud800b"})
+    assert msgspec.json.decode(body)["text"] == "a\\ud800b"
