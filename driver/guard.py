@@ -96,6 +96,20 @@ async def keep(k: Emits, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) 
         delay = min(RESTART_CAP_S, delay * 2)
 
 
+async def essential(
+    name: str, fn: Callable[[], Coroutine[Any, Any, Any]], on_failure: Callable[[], Awaitable[None]]
+) -> None:
+    """A task the driver cannot run without (the outbox's journal writer): restarting it could reorder
+    what it writes, so its failure is the process's (`on_failure` exits 70; the journal keeps what was
+    not sent and the next process resends it). Logged only: admitting a diagnostic needs that task."""
+    try:
+        await fn()
+    except Exception as exc:
+        kind, text = describe(exc)
+        log.critical("driver.internal_error", unit=f"task {name}", error_type=kind, error=text, exc_info=True)
+        await on_failure()
+
+
 def _name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
 

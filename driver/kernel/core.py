@@ -366,21 +366,17 @@ class Kernel:
         return self.exit_status if self.exit_status is not None else 0
 
     async def _essential(self, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """A task the driver cannot run without (the outbox's journal writer): restarting it could
-        reorder what it writes, so its failure ends the process with 70, the journal intact (the
-        next process resends what it holds). Logged only: admitting a diagnostic needs that task."""
-        try:
-            await fn()
-        except Exception as exc:
-            kind, text = guard.describe(exc)
-            log.critical("driver.internal_error", unit=f"task {name}", error_type=kind, error=text, exc_info=True)
-            self.stopping = True
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.options.provider_stop_timeout_s):
-                    if self.assembled.is_set():
-                        await self.supervisor.stop()
-            self.exit_status = EXIT_INTERNAL
-            self.done.set()
+        """A task the driver cannot run without (the outbox's journal writer): its failure ends the
+        process with 70, the journal intact (driver.guard.essential)."""
+        await guard.essential(name, fn, self._exit_internal)
+
+    async def _exit_internal(self) -> None:
+        self.stopping = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.options.provider_stop_timeout_s):
+            if self.assembled.is_set():
+                await self.supervisor.stop()
+        self.exit_status = EXIT_INTERNAL
+        self.done.set()
 
     async def _watch_link(self, link: Link) -> None:
         reaction: CloseReaction = await link.run()
