@@ -354,6 +354,7 @@ class RunPath:
                             "hash_bytes": outputs.MAX_HASH_BYTES,
                             "entries": outputs.MAX_ENTRIES,
                             "depth": outputs.MAX_DEPTH,
+                            "hash_s": outputs.MAX_HASH_S,
                         },
                     },
                 },

@@ -7,7 +7,8 @@ The agent controls this tree, so the scan trusts nothing in it:
   symlink is never followed, and a folder swapped for a link mid-scan is not entered.
 - A file or folder that vanishes (or turns into something else) mid-scan is skipped; the rest is kept.
 - It is bounded: at most `MAX_ENTRIES` entries walked and `MAX_DEPTH` levels, at most `MAX_FILES`
-  artifacts reported and `MAX_HASH_BYTES` hashed per run; what was cut is described (`Cut`) so the
+  artifacts reported, `MAX_HASH_BYTES` hashed and `MAX_HASH_S` spent hashing per run (the run's
+  terminal waits for this report, a cancelled run's too); what was cut is described (`Cut`) so the
   caller reports it in a diagnostic.
 - Folders listed in `exclude` (the driver's own state, when it lives under `outputs/`) are skipped.
 """
@@ -19,6 +20,7 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ MAX_ENTRIES = 20_000  # directory entries looked at per scan
 MAX_DEPTH = 32  # folder levels below outputs/
 MAX_FILES = 1_000  # artifacts reported per run
 MAX_HASH_BYTES = 1 << 30  # bytes read to hash per run
+MAX_HASH_S = 10.0  # time spent hashing per run: a run's terminal waits for this report
 CHUNK = 1 << 16
 OUTPUTS = "outputs"
 
@@ -51,7 +54,7 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    reason: str  # "entries", "depth", "files", "bytes"
+    reason: str  # "entries", "depth", "files", "bytes", "time"
     reported: int
     left: int  # changed files known but not reported (a lower bound when the walk itself was cut)
 
@@ -73,8 +76,10 @@ class Bounds:
         depth: int = MAX_DEPTH,
         files: int = MAX_FILES,
         hash_bytes: int = MAX_HASH_BYTES,
+        hash_s: float = MAX_HASH_S,
     ) -> None:
         self.entries, self.depth, self.files, self.hash_bytes = entries, depth, files, hash_bytes
+        self.hash_s = hash_s
 
 
 DEFAULT_BOUNDS = Bounds()
@@ -187,9 +192,10 @@ def _list(fd: int, room: int) -> list[tuple[str, os.stat_result]]:
     return out
 
 
-def _digest(root_fd: int, rel: str, budget: int) -> tuple[int, str] | None:
+def _digest(root_fd: int, rel: str, budget: int, end: float) -> tuple[int, str] | None:
     """(size, sha256) of the regular file `rel` (relative to cwd) read through `root_fd`; None if it
-    vanished or is no longer a regular file. Raises _OverBudget past `budget` bytes."""
+    vanished or is no longer a regular file. Raises _OverBudget past `budget` bytes, _OverTime past
+    the monotonic time `end`."""
     parts = tuple(rel.split("/")[1:])
     try:
         fd = _open_path(root_fd, parts, final=_FILE_FLAGS)
@@ -204,6 +210,8 @@ def _digest(root_fd: int, rel: str, budget: int) -> tuple[int, str] | None:
         digest = hashlib.sha256()
         size = 0
         while chunk := os.read(fd, CHUNK):
+            if time.monotonic() > end:
+                raise _OverTime
             size += len(chunk)
             if size > budget:
                 raise _OverBudget
@@ -216,6 +224,10 @@ def _digest(root_fd: int, rel: str, budget: int) -> tuple[int, str] | None:
 
 
 class _OverBudget(Exception):
+    pass
+
+
+class _OverTime(Exception):
     pass
 
 
@@ -236,6 +248,7 @@ def changed(
         report.refused = refused or "outputs/ vanished during the scan"
         return report
     budget = bounds.hash_bytes
+    end = time.monotonic() + bounds.hash_s
     reason = after.truncated
     done = 0  # files of `todo` looked at
     try:
@@ -244,9 +257,12 @@ def changed(
                 reason = "files"
                 break
             try:
-                got = _digest(root_fd, rel, budget)
+                got = _digest(root_fd, rel, budget, end)
             except _OverBudget:
                 reason = "bytes"
+                break
+            except _OverTime:
+                reason = "time"
                 break
             done += 1
             if got is None:

@@ -116,3 +116,11 @@ def test_names_that_are_not_utf8_are_scanned(tmp_path: Path) -> None:
         f.write(b"z")
     [(rel, size, digest)] = outputs.changed(tmp_path, Snapshot()).artifacts
     assert os.fsencode(rel) == b"outputs/x\xff" and size == 1 and digest == sha(b"z")
+
+
+def test_the_time_spent_hashing_is_bounded(tmp_path: Path) -> None:
+    out = tmp_path / "outputs"
+    out.mkdir()
+    (out / "a").write_bytes(b"a" * (1 << 20))  # more than one read: the clock is checked between reads
+    report = outputs.changed(tmp_path, Snapshot(), bounds=Bounds(hash_s=-1.0))
+    assert report.artifacts == [] and report.cut == outputs.Cut("time", 0, 1)
