@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 EX_TEMPFAIL = 75  # as for 4409: another process owns this instance's state_dir
+EX_SOFTWARE = 70  # an internal error escaped every unit (the journal keeps what was not sent)
 
 
 class RunArgs(NamedTuple):
@@ -88,12 +89,21 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     from driver.kernel import Kernel
 
     try:
-        kernel = Kernel(payload, started_at=t0)
-    except ValueError as exc:
-        print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
-        return boot_mod.EX_CONFIG
-    try:
+        try:
+            kernel = Kernel(payload, started_at=t0)
+        except ValueError as exc:
+            print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+            return boot_mod.EX_CONFIG
         return anyio.run(kernel.serve)
+    except Exception as exc:
+        # The last line of the supervision boundary (driver.kernel.guard): whatever escaped every unit
+        # ends the process with the README's 70 (the journal keeps what was not sent), never exit 1
+        # with a bare traceback. Logged (redacted, with its traceback) for the operator.
+        logs.get("driver").critical(
+            "driver.internal_error", unit="process", error_type=type(exc).__name__, exc_info=True
+        )
+        print(f"agent-driver: internal error ({type(exc).__name__}); exiting 70", file=sys.stderr)
+        return EX_SOFTWARE
     finally:
         lock.release()
 

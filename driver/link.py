@@ -6,6 +6,7 @@ All decisions (which frame is allowed when, what a close code means, how long to
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import ssl
 import time
@@ -122,6 +123,7 @@ class Link:
         self.first_dial_done = anyio.Event()
         self.reconnects = 0
         self.batches = BatchLimit(MAX_FRAME_BYTES)
+        self._clamps_logged: set[tuple[str, int]] = set()
 
     @property
     def is_open(self) -> bool:
@@ -145,19 +147,18 @@ class Link:
 
     async def run(self) -> CloseReaction:
         """Dial and redial until a close code says stop; return that reaction."""
-        first = await self._connect_once()
+        first = await self._dial()
         if not first.reconnect:
             return first
         # Redials under tenacity, imported after the first dial (nothing of it on the way to `hello`);
         # that dial is tenacity's first attempt. The delays are the link core's (full jitter, reset
-        # after a stable minute: sans-I/O); the close code decides whether to go on; an exception is
-        # not retried and propagates.
+        # after a stable minute: sans-I/O); the close code decides whether to go on.
         from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
 
         done = [first]
 
         async def dial() -> CloseReaction:
-            return done.pop() if done else await self._connect_once()
+            return done.pop() if done else await self._dial()
 
         def reconnecting(state: RetryCallState) -> None:
             assert state.outcome is not None and state.next_action is not None
@@ -175,6 +176,16 @@ class Link:
         )
         reaction: CloseReaction = await retrying(dial)
         return reaction
+
+    async def _dial(self) -> CloseReaction:
+        """One connection, with a bug outside its tasks (the dial, the close bookkeeping) contained: it
+        is logged and counts as a lost link, so the loop redials after backoff (PROTOCOL §9)."""
+        try:
+            return await self._connect_once()
+        except Exception as exc:
+            log.error("link.dial_crashed", error_type=type(exc).__name__, exc_info=True)
+            self._ws = None
+            return self.core.closed(None, self._clock())
 
     async def _connect_once(self) -> CloseReaction:
         headers = {
@@ -222,6 +233,14 @@ class Link:
             detail = str(group.exceptions[0])
             log.warning("link.protocol_violation", detail=detail)
             await ws.close(4400, detail[:120])
+        except* Exception as group:
+            # A bug in one of this connection's tasks (sender, heartbeats, watchdog, a frame's
+            # handling): this connection ends (1011, "internal error") and the next dial starts afresh;
+            # the outbox resends whatever had no receipt. The process carries on.
+            first = group.exceptions[0]
+            log.error("link.task_failed", error_type=type(first).__name__, exc_info=True)
+            with contextlib.suppress(Exception):
+                await ws.close(1011, "driver internal error")
         finally:
             self._ws = None
             self.connected = anyio.Event()
@@ -251,6 +270,7 @@ class Link:
             return
         frame = self.core.frame(frame, self._clock())
         if isinstance(frame, Welcome):
+            self._log_clamps()
             log.info(
                 "link.open",
                 connection_id=frame.connection_id,
@@ -258,16 +278,32 @@ class Link:
                 outbox=self._outbox.describe(),
             )
             self._outbox.on_link_up()
-            await self._hooks.on_welcome(frame)
+            await self._hook("on_welcome", self._hooks.on_welcome, frame)
             self.connected.set()
             tg.start_soon(self._sender, ws, frame)
             tg.start_soon(self._heartbeats, ws, frame)
         elif isinstance(frame, Receipt):
             finals = self._outbox.on_receipt(frame)
             if finals:
-                await self._hooks.on_final_rejections(finals)
+                await self._hook("on_final_rejections", self._hooks.on_final_rejections, finals)
         else:
-            await self._hooks.on_command(frame, data)
+            await self._hook("on_command", self._hooks.on_command, frame, data)
+
+    async def _hook(self, name: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """A hook's unexpected error is the kernel's fault, not the link's: logged, the link goes on
+        (the kernel's hooks report their own failures; this is the last line)."""
+        try:
+            await fn(*args)
+        except Exception as exc:
+            log.error("link.hook_failed", hook=name, error_type=type(exc).__name__, exc_info=True)
+
+    def _log_clamps(self) -> None:
+        """Once per process for each field and value: a CP sends the same welcome at every reconnect."""
+        for c in self.core.clamps:
+            if (c.field, c.given) in self._clamps_logged:
+                continue
+            self._clamps_logged.add((c.field, c.given))
+            log.warning("link.welcome_clamped", field=c.field, given=c.given, used=c.used, why=c.why)
 
     async def _sender(self, ws: ClientConnection, welcome: Welcome) -> None:
         max_events = max(1, welcome.max_batch_events)

@@ -98,6 +98,8 @@ ENV_OPTIONS: dict[str, tuple[str, str]] = {
     "AGENT_DRIVER_CRASH_LOOP_WINDOW_MS": ("crash_loop_window_s", "ms"),
     "AGENT_DRIVER_OUTBOX_MAX_EVENTS": ("outbox_max_events", "count"),
     "AGENT_DRIVER_OUTBOX_MAX_BYTES": ("outbox_max_bytes", "count"),
+    "AGENT_DRIVER_ATTACHMENT_TIMEOUT_MS": ("attachment_timeout_s", "ms"),
+    "AGENT_DRIVER_SKILL_TIMEOUT_MS": ("skill_timeout_s", "ms"),
 }
 
 

@@ -1,6 +1,6 @@
 """The link's redial loop (driver/link.py `Link.run`) under tenacity, without sockets: the first dial is
 tenacity's first attempt, each delay is the link core's (full jitter on the injected RNG), a fatal close
-code ends the loop with its reaction, and an exception is not retried."""
+code ends the loop with its reaction, and an exception in a dial is contained and redialed."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ async def test_a_fatal_first_dial_returns_at_once(journal: Journal) -> None:
     assert slept == [] and link.reconnects == 0
 
 
-async def test_an_exception_is_not_retried(journal: Journal) -> None:
-    link, slept = scripted_link(journal, [TRANSIENT, RuntimeError("a bug in the dial")])
-    with pytest.raises(RuntimeError, match="a bug in the dial"):
-        await link.run()
-    assert slept == [0.001]
+async def test_an_exception_in_a_dial_is_contained_and_redialed(journal: Journal) -> None:
+    fatal = CLOSE_CODES[4401]
+    link, slept = scripted_link(journal, [TRANSIENT, RuntimeError("a bug in the dial"), fatal])
+    with anyio.fail_after(10):
+        assert await link.run() == fatal
+    assert slept == [0.001, 0.002] and link.reconnects == 2

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from driver import logs
+from driver import guard, logs
 from driver.adapters import acp_fs, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalManager, TerminalStreams
@@ -143,6 +143,7 @@ class AcpClient(Adapter):
             on_request=self._on_request,
             on_notification=self._on_notification,
             on_violation=ProtocolDiagnostics(self.ports.emit, "the acp agent"),
+            on_handler_error=guard.PortErrors(self.ports.emit, "the acp agent"),
         )
         self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
         self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output)

@@ -54,7 +54,8 @@ def _checked(files: FilePort, fd: int) -> None:
 
 def _read(files: FilePort, path: Path, line: int | None, limit: int | None) -> str:
     try:
-        fd = open_admitted(path, os.O_RDONLY)
+        # Non-blocking: opening a FIFO the agent made must not hold a worker thread (it is refused below).
+        fd = open_admitted(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise JsonRpcError(m.RESOURCE_NOT_FOUND, f"file not found: {path}") from None
     except OSError as exc:
@@ -84,11 +85,15 @@ def _write(files: FilePort, path: Path, content: str) -> WriteResult:
         created = False
         try:
             # Not O_TRUNC: the open file is judged first (a hard link to the journal must not be
-            # emptied by the very open that finds it out), then truncated.
-            fd = open_admitted(path, os.O_WRONLY)
+            # emptied by the very open that finds it out), then truncated. Non-blocking: a FIFO must
+            # neither hold the open nor be written to.
+            fd = open_admitted(path, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
         _checked(files, fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise JsonRpcError(m.INVALID_PARAMS, f"not a regular file: {path}") from None
         try:
             os.ftruncate(fd, 0)
         except OSError as exc:
@@ -97,6 +102,8 @@ def _write(files: FilePort, path: Path, content: str) -> WriteResult:
     except OSError as exc:
         raise JsonRpcError(m.INVALID_PARAMS, f"cannot write {path}: {_reason(exc)}") from None
     with os.fdopen(fd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JsonRpcError(m.INVALID_PARAMS, f"not a regular file: {path}")
         fh.write(data)
     return WriteResult(path, created, hashlib.sha256(data).hexdigest())
 
@@ -122,7 +129,8 @@ async def write_text_file(files: FilePort, params: m.WriteTextFileParams) -> Wri
 def sha256_of(path: Path) -> str | None:
     """The file's sha256, or None when it does not exist (deleted) or is not a regular file."""
     try:
-        fd = open_admitted(path, os.O_RDONLY)
+        # Non-blocking: a FIFO the agent left under that name must not hold a worker thread forever.
+        fd = open_admitted(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     digest = hashlib.sha256()

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from driver import logs
+from driver import guard, logs
 from driver.adapters import attachments, codex_files, codex_notices, codex_requests, codex_steer, instructions
 from driver.adapters.base import (
     Adapter,
@@ -111,6 +111,7 @@ class CodexAdapter(Adapter):
             on_request=self._on_request,
             on_notification=self._on_notification,
             on_violation=ProtocolDiagnostics(self.ports.emit, "codex app-server"),
+            on_handler_error=guard.PortErrors(self.ports.emit, "codex app-server"),
         )
         self._peer = peer
         self._peer_task = asyncio.get_running_loop().create_task(peer.run(), name="codex-rpc")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import stat
 from pathlib import Path
 
 from driver.adapters import instructions
@@ -39,9 +40,17 @@ def codex_binary(project_root: Path, machine: str | None = None) -> Path:
 
 
 def sha256_file(path: str) -> str | None:
+    """The sha256 of a regular file; None for one that is gone or is not a regular file (a FIFO the
+    agent left under that name is opened without blocking, and refused)."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
             for block in iter(lambda: f.read(1 << 16), b""):
                 digest.update(block)
     except OSError:

@@ -37,6 +37,7 @@ RequestHandler = Callable[[str, Any], Awaitable[Any]]
 # Told of each protocol violation by the peer, with a description that never quotes the peer's bytes.
 ViolationHandler = Callable[[str], Awaitable[None]]
 NotificationHandler = Callable[[str, Any], Awaitable[None]]
+HandlerErrorHandler = Callable[[str, Exception], Awaitable[None]]  # (method, the handler's exception)
 RequestId = int | str
 
 
@@ -78,6 +79,7 @@ class JsonRpcPeer:
         on_request: RequestHandler | None = None,
         on_notification: NotificationHandler | None = None,
         on_violation: ViolationHandler | None = None,
+        on_handler_error: HandlerErrorHandler | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -87,6 +89,7 @@ class JsonRpcPeer:
         self._on_request = on_request
         self._on_notification = on_notification
         self._on_violation = on_violation
+        self._on_handler_error = on_handler_error  # told of a handler's unexpected error (a diagnostic)
         self._write_lock = anyio.Lock()
         self._next_id = 0
         self._pending: dict[RequestId, _Pending] = {}
@@ -269,9 +272,18 @@ class JsonRpcPeer:
             return
         try:
             await self._on_notification(method, params)
-        except Exception:
+        except Exception as exc:
             # A bug in one handler must not kill the connection to the provider.
             log.exception("jsonrpc.notification_handler_failed", peer=self.name, method=method)
+            await self._handler_failed(method, exc)
+
+    async def _handler_failed(self, method: str, exc: Exception) -> None:
+        if self._on_handler_error is None:
+            return
+        try:
+            await self._on_handler_error(method, exc)
+        except Exception:
+            log.exception("jsonrpc.handler_error_report_failed", peer=self.name, method=method)
 
     def cancel_incoming(self, request_id: RequestId) -> None:
         """Stop handling a request of the peer's that the peer no longer waits for (no answer needed)."""
@@ -312,6 +324,7 @@ class JsonRpcPeer:
         except Exception as exc:
             log.exception("jsonrpc.request_handler_failed", peer=self.name, method=method)
             reply = {"error": {"code": INTERNAL_ERROR, "message": f"internal error: {type(exc).__name__}"}}
+            await self._handler_failed(method, exc)
         finally:
             self._incoming.pop(request_id, None)
         try:

@@ -15,11 +15,12 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
-from driver import logs
+from driver import guard, logs
 from driver.adapters.base import ProviderError
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
+from driver.protocol.fingerprint import comparable
 from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
 from driver.queue.command_saver import CommandSaver
 
@@ -74,6 +75,34 @@ class CommandDesk:
         await self.send_update(update)
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+        """A command frame from the link's reader. Never raises: an unexpected error fails the command."""
+        try:
+            await self._on_command(head, raw)
+        except Exception as exc:
+            try:
+                fp: str | None = cmds.fingerprint(raw)
+            except Exception:
+                fp = None
+            await self.internal_error(head.command_id, head.seq, head.kind, exc, fp)
+
+    async def internal_error(
+        self, command_id: str, seq: int, kind: str, exc: BaseException, fp: str | None = None
+    ) -> None:
+        """The supervision boundary for one command: reported, and failed `driver.internal_error`
+        unless it already has its terminal status (then the status stands: exactly one)."""
+        await guard.report(self.k, f"command {kind}", exc, command_id=command_id)
+        try:
+            stored = self.k.journal.command(command_id)
+            if stored is not None and stored.status in TERMINAL_STATUSES:
+                return
+            known = self.in_progress.get(command_id) or (stored.fingerprint if stored is not None else None)
+            error = CommandError(guard.INTERNAL_ERROR, guard.error_message(f"command {kind}", exc))
+            await self.finish(command_id, seq, known or fp or "", "failed", error=error, kind=kind)
+        except Exception as again:
+            # Even the failure could not be stored: the CP resends the command after the next welcome.
+            await guard.report(self.k, f"command {kind} (failing it)", again, command_id=command_id)
+
+    async def _on_command(self, head: CommandFrame, raw: bytes) -> None:
         k = self.k
         k.touch()
         try:
@@ -87,7 +116,8 @@ class CommandDesk:
             if stored is not None and stored.status in TERMINAL_STATUSES and stored.update_frame is not None
             else None
         )
-        match cmds.classify_repeat(fingerprint, known, terminal):
+        # A status stored by an older driver holds an older kind of fingerprint: compared in kind.
+        match cmds.classify_repeat(comparable(raw, fingerprint, known), known, terminal):
             case cmds.Repeat.CONFLICT:
                 await self.send_update(
                     CommandUpdate(
@@ -115,11 +145,13 @@ class CommandDesk:
         # Commands still begin executing in arrival order (a turn.cancel right behind its input.start
         # must find the run): each waits for its predecessor to have started.
         previous, self._started = self._started, anyio.Event()
-        k.spawn(self.accept, head, raw, fingerprint, previous, self._started)
+        k.spawn_contained(self.accept, head, raw, fingerprint, previous, self._started)
 
     async def accept(
         self, head: CommandFrame, raw: bytes, fingerprint: str, previous: anyio.Event | None, started: anyio.Event
     ) -> None:
+        """Its own boundary (spawned unguarded: a flood holds thousands of these at once, each one
+        frame, not three)."""
         try:
             await self.saver.save(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
             await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
@@ -134,6 +166,8 @@ class CommandDesk:
             self.k.spawn(self.execute, command, fingerprint)
             # Let it run to its first wait (registering a run, say) before the next command starts.
             await anyio.lowlevel.checkpoint()
+        except Exception as exc:
+            await self.internal_error(head.command_id, head.seq, head.kind, exc, fingerprint)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._after(previous)  # the chain holds even for a command that did not execute
@@ -145,6 +179,13 @@ class CommandDesk:
             await previous.wait()
 
     async def execute(self, command: cmds.Command, fp: str) -> None:
+        try:
+            await self._execute(command, fp)
+        except Exception as exc:
+            kind = str(type(command).__struct_config__.tag)
+            await self.internal_error(command.command_id, command.seq, kind, exc, fp)
+
+    async def _execute(self, command: cmds.Command, fp: str) -> None:
         k = self.k
         cid, seq = command.command_id, command.seq
 

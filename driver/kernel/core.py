@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from driver import __version__, logs
+from driver import __version__, guard, logs
 from driver.capabilities import ALL as CAPABILITIES
 from driver.capabilities import capabilities_of, capability_mode
 from driver.kernel.options import KernelOptions, project_root
+from driver.protocol import paths
 from driver.protocol.boot import BootPayload
 from driver.protocol.events import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -31,7 +32,6 @@ from driver.protocol.events import (
     PayloadError,
     event_limit,
     fit_payload,
-    validate_payload,
 )
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
@@ -68,11 +68,17 @@ if TYPE_CHECKING:
 
 log = logs.get("driver.kernel")
 
+# The exit status when a task the driver cannot run without failed (EX_SOFTWARE, as the README's
+# "stopped with events still journaled": the journal keeps what was not sent).
+EXIT_INTERNAL = 70
+
 # How long the rooms wait for the first dial to end before they are built anyway (see `serve`).
 HELLO_FIRST_S = 0.25
 
 # Events the provider room watches: they move the current native ref or the transcript.
 _OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "message.completed"})
+# Events that name a file: its name may not be UTF-8 (driver.protocol.paths).
+_NAMED = frozenset({"file.changed", "artifact.produced"})
 
 
 class Kernel:
@@ -173,7 +179,13 @@ class Kernel:
         return capability_mode(self.boot.execution.runtime, capability) if capability in self.capabilities else None
 
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        """Start a task in the kernel's task group (alive for the process's life)."""
+        """Start a task in the kernel's task group (alive for the process's life). An unexpected
+        exception ends that task only, reported (driver.kernel.guard), never the task group."""
+        assert self._tg is not None
+        self._tg.start_soon(guard.supervised, self, fn, *args)
+
+    def spawn_contained(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start a task that is its own supervision boundary (it catches and reports its errors)."""
         assert self._tg is not None
         self._tg.start_soon(fn, *args)
 
@@ -208,11 +220,13 @@ class Kernel:
                     run.tool_status[str(payload.get("tool_call_id"))] = str(payload.get("status", ""))
         elif kind == "host_tool.called":
             run_id = payload.get("run_id")
+        if kind in _NAMED:
+            payload = paths.carry(payload)  # PROTOCOL §9: a name that is not UTF-8, escaped
         if kind in _OBSERVED:
             await self.provider.observe(kind, payload)
         self.telemetry.observe(kind, payload)
         # PROTOCOL §4.3: cut to fit before admission, so no event can wedge the link.
-        body = fit_payload(kind, validate_payload(kind, payload), self.max_event_bytes)
+        body = fit_payload(kind, paths.validated(kind, payload), self.max_event_bytes)
         return await self.outbox.admit(kind, body, spec.delivery, run_id)
 
     # -- states ---------------------------------------------------------------------------------------
@@ -275,16 +289,25 @@ class Kernel:
     # The link may deliver these before the rooms are built and recovery is done (it starts first):
     # each waits, which holds the link's reader for those few milliseconds, never longer.
     async def on_welcome(self, welcome: Welcome) -> None:
-        self.max_event_bytes = event_limit(welcome)
+        self.max_event_bytes = event_limit(welcome)  # the welcome's values are bounded (protocol.welcome)
         await self.ready.wait()
-        self.telemetry.on_welcome()
+        try:
+            self.telemetry.on_welcome()
+        except Exception as exc:
+            await guard.report(self, "welcome", exc)
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
         await self.ready.wait()
-        await self.commands.on_command(head, raw)
+        await self.commands.on_command(head, raw)  # its own boundary: never raises
 
     async def on_final_rejections(self, finals: list[FinalRejection]) -> None:
         await self.ready.wait()
+        try:
+            await self._final_rejections(finals)
+        except Exception as exc:
+            await guard.report(self, "final rejections", exc)
+
+    async def _final_rejections(self, finals: list[FinalRejection]) -> None:
         for f in finals:
             log.error(
                 "event.rejected", event_id=f.event_id, kind=f.kind, code=f.rejection.code, message=f.rejection.message
@@ -327,8 +350,8 @@ class Kernel:
         self.link = link
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self.outbox.run)
-            tg.start_soon(self._watch_link, link)
+            tg.start_soon(self._essential, "outbox", self.outbox.run)
+            tg.start_soon(guard.keep, self, "link", lambda: self._watch_link(link))
             # The hello first: the rooms' imports and the provider's spawn hold the loop for tens of
             # ms, the dial needs it for a few. Bounded, so a control plane that does not answer (a
             # dial that hangs rather than fails) never holds the driver back long.
@@ -346,10 +369,11 @@ class Kernel:
                 # collector never walks it again.
                 gc.freeze()
                 gc.enable()
-            tg.start_soon(self.provider.boot)
-            tg.start_soon(self._watch_signals)
-            tg.start_soon(self.lifecycle.idle_exit)
-            tg.start_soon(self.telemetry.run)
+            self.spawn(self.provider.boot)
+            # Long-lived: restarted when they fail (each holds no state a restart could lose).
+            tg.start_soon(guard.keep, self, "signals", self._watch_signals)
+            tg.start_soon(guard.keep, self, "idle_exit", self.lifecycle.idle_exit)
+            tg.start_soon(guard.keep, self, "telemetry", self.telemetry.run)
             await self.done.wait()
             # Flush the journal and say goodbye before leaving.
             with anyio.CancelScope(shield=True):
@@ -360,6 +384,19 @@ class Kernel:
             tg.cancel_scope.cancel()
         self.journal.close()
         return self.exit_status if self.exit_status is not None else 0
+
+    async def _essential(self, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """A task the driver cannot run without (the outbox's journal writer): its failure ends the
+        process with 70, the journal intact (driver.guard.essential)."""
+        await guard.essential(name, fn, self._exit_internal)
+
+    async def _exit_internal(self) -> None:
+        self.stopping = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.options.provider_stop_timeout_s):
+            if self.assembled.is_set():
+                await self.supervisor.stop()
+        self.exit_status = EXIT_INTERNAL
+        self.done.set()
 
     async def _watch_link(self, link: Link) -> None:
         reaction: CloseReaction = await link.run()

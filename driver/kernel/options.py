@@ -25,6 +25,10 @@ PROVIDER_STOP_TIMEOUT_S = 10.0
 # permission or host tool call waits on the control plane) has a provider that stopped answering:
 # run.failed provider.unresponsive (driver.telemetry.liveness).
 PROVIDER_SILENCE_TIMEOUT_S = 600.0
+# Overall deadlines of downloads (besides each read's timeout): one attachment of up to 256 MiB, one
+# skill (its fetch and unpacking) of up to 64 MiB (driver.ports.fetch).
+ATTACHMENT_TIMEOUT_S = 300.0
+SKILL_TIMEOUT_S = 120.0
 
 
 def project_root() -> Path:
@@ -48,6 +52,8 @@ class KernelOptions(msgspec.Struct, frozen=True):
     crash_loop_window_s: float = CRASH_LOOP_WINDOW_S
     outbox_max_events: int = 100_000  # PROTOCOL §4.1's default bound on unreceipted lossless events
     outbox_max_bytes: int = 256 * 1024 * 1024  # its other bound, on their encoded bytes (on disk)
+    attachment_timeout_s: float = ATTACHMENT_TIMEOUT_S
+    skill_timeout_s: float = SKILL_TIMEOUT_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:

@@ -279,7 +279,7 @@ class ProviderRoom:
         for skill in k.boot.execution.skills:
             try:
                 k.files.admit_tree(cwd / skill.mount_path)  # never over the driver's own state (§9)
-                installed = await skills.install(skill, cwd)
+                installed = await skills.install(skill, cwd, deadline_s=k.options.skill_timeout_s)
                 log.info("skill.installed", name=skill.name, path=str(installed.path))
             except (skills.SkillError, PathNotAllowed) as exc:
                 await k.emit(

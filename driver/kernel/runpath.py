@@ -12,17 +12,18 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
-from driver import logs, side_effects
+from driver import guard, logs, side_effects
 from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
 from driver.kernel.queued import RunQueue
 from driver.kernel.steering import Steering
-from driver.ports import artifacts
+from driver.ports import artifacts, outputs
 from driver.protocol import commands as cmds
-from driver.protocol.events import EVENT_KINDS, fit_payload, validate_payload
+from driver.protocol import paths
+from driver.protocol.events import EVENT_KINDS, fit_payload
 from driver.protocol.frames import CommandError
 from driver.queue.outbox import utc_now
 from driver.runs import Run, choose_terminal, declined_tool_events
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from driver.kernel.core import Kernel
 
 log = logs.get("driver.kernel.runs")
+T = TypeVar("T")
 
 STATUS_OF: dict[str, Literal["completed", "failed", "cancelled"]] = {
     "run.completed": "completed",
@@ -54,7 +56,7 @@ class RunPath:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
         spec = EVENT_KINDS[kind]
         self.k.telemetry.observe(kind, payload)
-        body = fit_payload(kind, validate_payload(kind, payload), self.k.max_event_bytes)  # §4.3
+        body = fit_payload(kind, paths.validated(kind, payload), self.k.max_event_bytes)  # §4.3
         return await self.k.outbox.admit(kind, body, spec.delivery, run_id)
 
     async def input_start(
@@ -88,6 +90,57 @@ class RunPath:
             return
         run = Run(command.run_id, cid)
         k.run = run
+        try:
+            await self._run(run, command, fp, on_registered)
+        except Exception as exc:
+            await self._internal_error(run, command, fp, exc)
+
+    async def _internal_error(self, run: Run, command: cmds.InputStart, fp: str, exc: Exception) -> None:
+        """The supervision boundary of a run: an unexpected error ends it `run.failed{driver.internal_error}`
+        (unless its terminal was already chosen), its input.start mirrors the terminal, the driver goes on."""
+        k = self.k
+        cid, seq = command.command_id, command.seq
+        await guard.report(k, "run", exc, run_id=run.run_id)
+        message = guard.error_message("run", exc)
+        terminal_id: str | None = None
+        try:
+            if run.terminal is None:
+                run.terminal = "run.failed"
+                error = {"code": guard.INTERNAL_ERROR, "message": message, "retryable": True, "details": None}
+                dropped = k.outbox.dropped_for_run(run.run_id)
+                terminal_id = await self.emit_for_run(
+                    run.run_id, "run.failed", {"error": error, "dropped_best_effort": dropped}
+                )
+                k.outbox.watch(terminal_id)
+        finally:
+            if k.run is run:
+                k.run = None
+                k.fire("run_ended")
+            run.ended.set()
+            k.touch()
+            self.queue.kick()  # a held run must not wait behind one that failed this way (§3.1)
+        if terminal_id is not None:
+            await k.outbox.receipted(terminal_id)
+        run.receipted.set()
+        stored = k.journal.command(cid)
+        if stored is not None and stored.status in ("completed", "failed", "cancelled"):
+            return
+        status = STATUS_OF[run.terminal]
+        if status == "failed":
+            await k.commands.finish(cid, seq, fp, "failed", error=CommandError(guard.INTERNAL_ERROR, message, True))
+        else:
+            result = {"run_id": run.run_id, "terminal_event_id": terminal_id}
+            await k.commands.finish(cid, seq, fp, status, result=result)
+
+    async def _run(
+        self,
+        run: Run,
+        command: cmds.InputStart,
+        fp: str,
+        on_registered: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        k = self.k
+        cid, seq = command.command_id, command.seq
         k.telemetry.run_starting(command)
         k.fire("run_started")
         await anyio.to_thread.run_sync(k.journal.run_started, run.run_id, cid, utc_now())
@@ -101,8 +154,10 @@ class RunPath:
         outcome: TurnOutcome | None = None
         error: ProviderError | None = None
         cwd = Path(k.boot.session.cwd)
-        outputs_before = await anyio.to_thread.run_sync(artifacts.snapshot_outputs, cwd)
-        run.files_before = await anyio.to_thread.run_sync(side_effects.snapshot, cwd, self.scan_exclusions())
+        outputs_before = await self._report("outputs scan", self._outputs_snapshot, cwd) or outputs.Snapshot()
+        run.files_before = await self._report(
+            "side effects scan", anyio.to_thread.run_sync, side_effects.snapshot, cwd, self.scan_exclusions()
+        )
         with run.scope:
             try:
                 run_input = await self.prepare_input(command.input)
@@ -120,8 +175,9 @@ class RunPath:
             except ProviderError as exc:
                 error = exc
             except Exception as exc:
-                log.exception("run.adapter_error", run_id=run.run_id)
-                error = ProviderError("driver.internal", f"{type(exc).__name__}: {exc}")
+                # The adapter's bug (or a port's): this run fails, the driver goes on (guard).
+                await guard.report(k, "run", exc, run_id=run.run_id)
+                error = ProviderError(guard.INTERNAL_ERROR, guard.error_message("run", exc), retryable=True)
         await self.report_artifacts(cwd, outputs_before)
         if outcome is None and error is None and run.forced_error is not None:
             error = run.forced_error
@@ -175,6 +231,8 @@ class RunPath:
         # terminal) or refused first; bounded, so a provider that never answers cannot hold the run.
         await self.steering.settle(run)
         effects = await self.side_effects(run) if run.cancel_requested_by is not None else None
+        if effects is not None:
+            effects["files_changed"] = [paths.carry(c) for c in effects["files_changed"]]
         kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id), effects)
         run.terminal = kind
         event_id = await self.emit_for_run(run.run_id, kind, payload)
@@ -192,15 +250,47 @@ class RunPath:
         for it, like ACP terminals) that was not alive when the run started (the provider itself and
         its long-lived helpers are not the run's side effects)."""
         cwd = Path(self.k.boot.session.cwd)
-        after = await anyio.to_thread.run_sync(side_effects.snapshot, cwd, self.scan_exclusions())
-        before = run.files_before or side_effects.TreeSnapshot()
+        # Each half is a report of its own: one that fails is left out (reported), never the run's terminal.
+        after = await self._report(
+            "side effects scan", anyio.to_thread.run_sync, side_effects.snapshot, cwd, self.scan_exclusions()
+        )
+        before = run.files_before
         me = os.getpid()
-        left = [p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before]
+
+        async def processes() -> list[dict[str, Any]]:
+            return [
+                p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before
+            ]
+
+        left = await self._report("side effects processes", processes)
+        if before is None or after is None:
+            changed: list[dict[str, str]] = []
+        else:
+            changed = side_effects.files_changed(before, after)
         return {
-            "files_changed": side_effects.files_changed(before, after),
-            "processes_left": left,
-            "truncated": before.truncated or after.truncated,
+            "files_changed": changed,
+            "processes_left": left or [],
+            # An incomplete picture says so: a scan that hit its bound, or one that failed.
+            "truncated": before is None or after is None or before.truncated or after.truncated,
         }
+
+    async def _report(self, unit: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
+        """Run one report's step; an unexpected error leaves the report out (None), reported."""
+        try:
+            return await fn(*args)
+        except Exception as exc:
+            await guard.report(self.k, unit, exc, run_id=self.k.run.run_id if self.k.run else None)
+            return None
+
+    async def _outputs_snapshot(self, cwd: Path) -> outputs.Snapshot:
+        return await anyio.to_thread.run_sync(self._snapshot_outputs, cwd, self.scan_exclusions())
+
+    # In the worker thread: the driver's own inodes are read at each scan (its WAL and records come and go).
+    def _snapshot_outputs(self, cwd: Path, exclude: list[Path]) -> outputs.Snapshot:
+        return outputs.snapshot(cwd, exclude, private=self.k.files.private_inodes())
+
+    def _changed_outputs(self, cwd: Path, before: outputs.Snapshot, exclude: list[Path]) -> outputs.Report:
+        return outputs.changed(cwd, before, exclude, private=self.k.files.private_inodes())
 
     async def cancel_run(self, run: Run, *, requested_by: str, reason: str) -> None:
         """PROTOCOL §5: cancel permissions, interrupt, then SIGTERM and SIGKILL the provider if needed."""
@@ -262,19 +352,56 @@ class RunPath:
         try:
             for att in run_input.attachments:
                 k.files.admit(artifacts.attachment_path(cwd, att.name))
-            saved = await artifacts.download_attachments(cwd, run_input.attachments)
+            saved = await artifacts.download_attachments(
+                cwd, run_input.attachments, deadline_s=k.options.attachment_timeout_s
+            )
         except (artifacts.AttachmentError, PathNotAllowed) as exc:
             raise ProviderError("input.attachment_invalid", str(exc)) from None
         listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
         text = f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]"
         return cmds.RunInput(text=text, attachments=run_input.attachments)
 
-    async def report_artifacts(self, cwd: Path, before: dict[str, artifacts.FileState]) -> None:
-        try:
-            private = await anyio.to_thread.run_sync(self.k.files.private_inodes)
-            changed = await anyio.to_thread.run_sync(artifacts.changed_outputs, cwd, before, private)
-        except OSError as exc:
-            log.warning("artifacts.scan_failed", error=str(exc))
+    async def report_artifacts(self, cwd: Path, before: outputs.Snapshot) -> None:
+        """PROTOCOL §6.5: every file under outputs/ new or changed since the run started, within the
+        scan's bounds (driver.ports.outputs); a refused or cut scan is said in a diagnostic."""
+        report = await self._report(
+            "artifacts", anyio.to_thread.run_sync, self._changed_outputs, cwd, before, self.scan_exclusions()
+        )
+        if report is None:
             return
-        for rel, size, digest in changed:
-            await self.k.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
+        k = self.k
+        for rel, size, digest in report.artifacts:
+            await k.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
+        if report.refused is not None:
+            await k.emit(
+                "diagnostic.reported",
+                {
+                    "code": "artifacts.refused",
+                    "severity": "warning",
+                    "message": f"no artifacts reported: {report.refused}",
+                    "details": {"run_id": k.run.run_id if k.run else None},
+                },
+            )
+        if report.cut is not None:
+            cut = report.cut
+            await k.emit(
+                "diagnostic.reported",
+                {
+                    "code": "artifacts.truncated",
+                    "severity": "warning",
+                    "message": f"the outputs scan was cut at its {cut.reason} bound after {cut.reported} artifacts",
+                    "details": {
+                        "run_id": k.run.run_id if k.run else None,
+                        "reason": cut.reason,
+                        "reported": cut.reported,
+                        "left": cut.left,
+                        "bounds": {
+                            "files": outputs.MAX_FILES,
+                            "hash_bytes": outputs.MAX_HASH_BYTES,
+                            "entries": outputs.MAX_ENTRIES,
+                            "depth": outputs.MAX_DEPTH,
+                            "hash_s": outputs.MAX_HASH_S,
+                        },
+                    },
+                },
+            )

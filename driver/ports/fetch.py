@@ -3,6 +3,12 @@
 `file:` and `http(s):` URLs only. The body is streamed into a temporary file beside the destination
 while its SHA-256 is computed and its size capped; only a complete, matching download is renamed into
 place, so a failed fetch never leaves a partial file where a provider could read it.
+
+Every download has an overall deadline besides the per-read timeout (a server that trickles one byte
+a minute passes every per-read timeout), and can be cancelled (`turn.cancel` during an attachment's
+download): the blocking transfer runs in a worker thread that the caller abandons at once; the thread
+is woken (its socket shut down) and, whenever it next runs, deletes its temporary file and never
+renames it into place (`Download`, whose lock orders the rename against the abandonment).
 """
 
 from __future__ import annotations
@@ -12,8 +18,13 @@ import errno
 import hashlib
 import os
 import secrets
+import socket
+import stat
+import threading
+import time
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import anyio
@@ -21,11 +32,39 @@ import anyio
 from driver.ports.files import open_directory
 
 CHUNK = 64 * 1024
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 60.0  # per read (and for the connection)
+DEFAULT_DEADLINE_S = 300.0  # the whole download
 
 
 class FetchError(Exception):
     pass
+
+
+class Download:
+    """What the loop and the worker thread of one download share: whether the caller gave up on it,
+    whether it completed, and the socket to shut down to wake a read blocked on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.completed = False
+        self.sock: socket.socket | None = None
+
+    def abandon(self) -> bool:
+        """Give up on the download; True if it had already completed (renamed into place)."""
+        with self.lock:
+            self.abandoned = True
+            sock, done = self.sock, self.completed
+        if sock is not None and not done:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a read blocked on it returns now
+        return done
+
+    def check(self, deadline: float | None) -> None:
+        if self.abandoned:
+            raise FetchError("the download was abandoned")
+        if deadline is not None and time.monotonic() > deadline:
+            raise FetchError("the download passed its deadline")
 
 
 def _open(url: str, timeout: float) -> tuple[BinaryIO, int | None]:
@@ -36,10 +75,15 @@ def _open(url: str, timeout: float) -> tuple[BinaryIO, int | None]:
     if scheme == "file":
         path = urllib.request.url2pathname(parts.path)
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by the caller
+            # Non-blocking: a FIFO must not hold the open (it is refused below, as any non-file).
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise FetchError(f"cannot read {path}: {exc.strerror}") from None
-        return f, os.fstat(f.fileno()).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FetchError(f"cannot read {path}: not a regular file")
+        return os.fdopen(fd, "rb"), st.st_size
     if scheme in ("http", "https"):
         try:
             resp = urllib.request.urlopen(url, timeout=timeout)  # the scheme was checked above
@@ -50,7 +94,23 @@ def _open(url: str, timeout: float) -> tuple[BinaryIO, int | None]:
     raise FetchError(f"unsupported URL scheme {scheme!r} (file, http, https)")
 
 
-def fetch_to(url: str, dest: Path, *, sha256: str, max_bytes: int, timeout: float = DEFAULT_TIMEOUT_S) -> int:
+def _socket_of(src: Any) -> socket.socket | None:
+    """The socket under an http.client response, if it can be found (to wake a blocked read)."""
+    raw = getattr(getattr(src, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def fetch_to(
+    url: str,
+    dest: Path,
+    *,
+    sha256: str,
+    max_bytes: int,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    deadline: float | None = None,
+    download: Download | None = None,
+) -> int:
     """Download `url` to `dest` (atomically); return its size. Raises FetchError naming the problem.
 
     `dest` is an admitted path: its directory is walked with O_NOFOLLOW (`open_directory`) and the
@@ -60,15 +120,23 @@ def fetch_to(url: str, dest: Path, *, sha256: str, max_bytes: int, timeout: floa
         dir_fd = open_directory(dest.parent.absolute(), create=True)
     except OSError as exc:
         raise FetchError(f"cannot open {dest.parent}: {_reason(exc)}") from None
+    dl = download or Download()
     try:
-        return _fetch_into(url, dir_fd, dest.name, sha256=sha256, max_bytes=max_bytes, timeout=timeout)
+        return _fetch_into(
+            url, dir_fd, dest.name, sha256=sha256, max_bytes=max_bytes, timeout=timeout, dl=dl, end=deadline
+        )
     finally:
         os.close(dir_fd)
 
 
-def _fetch_into(url: str, dir_fd: int, name: str, *, sha256: str, max_bytes: int, timeout: float) -> int:
+def _fetch_into(
+    url: str, dir_fd: int, name: str, *, sha256: str, max_bytes: int, timeout: float, dl: Download, end: float | None
+) -> int:
+    dl.check(end)
     src, declared = _open(url, timeout)
     with src:
+        with dl.lock:
+            dl.sock = _socket_of(src)
         if declared is not None and declared > max_bytes:
             raise FetchError(f"{declared} bytes is over the {max_bytes}-byte limit")
         digest = hashlib.sha256()
@@ -77,7 +145,15 @@ def _fetch_into(url: str, dir_fd: int, name: str, *, sha256: str, max_bytes: int
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as out:
-                while chunk := src.read(CHUNK):
+                while True:
+                    dl.check(end)
+                    try:
+                        chunk = src.read(CHUNK)
+                    except OSError as exc:  # a read timeout, a reset, our own shutdown
+                        dl.check(end)
+                        raise FetchError(f"download failed: {exc}") from None
+                    if not chunk:
+                        break
                     size += len(chunk)
                     if size > max_bytes:
                         raise FetchError(f"over the {max_bytes}-byte limit")
@@ -85,7 +161,10 @@ def _fetch_into(url: str, dir_fd: int, name: str, *, sha256: str, max_bytes: int
                     out.write(chunk)
             if digest.hexdigest() != sha256:
                 raise FetchError("sha256 does not match")
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            with dl.lock:  # never renamed into place once the caller gave up
+                dl.check(None)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                dl.completed = True
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -99,5 +178,20 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-async def fetch(url: str, dest: Path, *, sha256: str, max_bytes: int) -> int:
-    return await anyio.to_thread.run_sync(lambda: fetch_to(url, dest, sha256=sha256, max_bytes=max_bytes))
+async def fetch(url: str, dest: Path, *, sha256: str, max_bytes: int, deadline_s: float = DEFAULT_DEADLINE_S) -> int:
+    """`fetch_to` within `deadline_s` seconds overall, cancellable: on a cancel or the deadline the
+    worker thread is abandoned at once (it cleans up after itself, see `Download`)."""
+    dl = Download()
+    end = time.monotonic() + deadline_s
+    job = partial(fetch_to, url, dest, sha256=sha256, max_bytes=max_bytes, deadline=end, download=dl)
+    size: int | None = None
+    try:
+        with anyio.move_on_after(deadline_s):
+            size = await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+    finally:
+        if size is None and dl.abandon() and dest.exists():
+            # Renamed into place just as we gave up: the file is whole and checked.
+            size = dest.stat().st_size
+    if size is None:
+        raise FetchError(f"the download did not finish within {deadline_s:g} s")
+    return size

@@ -21,6 +21,7 @@ from driver.protocol.boot import Skill
 
 MAX_ARCHIVE_BYTES = 64 * 1024 * 1024
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+SKILL_DEADLINE_S = 120.0  # the default overall deadline of one skill (KernelOptions.skill_timeout_s)
 
 
 class SkillError(Exception):
@@ -85,9 +86,16 @@ def _installed_hash(target: Path) -> str | None:
         return None
 
 
-async def install(skill: Skill, cwd: Path) -> InstalledSkill:
-    """Install one skill; a skill already unpacked from an archive with the same hash is kept as it is
-    (a pet's restart, a provider replacement), without fetching anything."""
+async def install(skill: Skill, cwd: Path, *, deadline_s: float = SKILL_DEADLINE_S) -> InstalledSkill:
+    """Install one skill, within `deadline_s` overall (its fetch and unpacking); a skill already
+    unpacked from an archive with the same hash is kept as it is (a pet's restart, a provider
+    replacement), without fetching anything."""
+    with anyio.move_on_after(deadline_s):
+        return await _install(skill, cwd, deadline_s)
+    raise SkillError(f"not installed within {deadline_s:g} s")
+
+
+async def _install(skill: Skill, cwd: Path, deadline_s: float) -> InstalledSkill:
     target = _target(cwd, skill.mount_path)
     if _installed_hash(target) == skill.sha256:
         return InstalledSkill(skill.name, target, reused=True)
@@ -95,7 +103,7 @@ async def install(skill: Skill, cwd: Path) -> InstalledSkill:
     # Resolved: the download walks its directory without following symlinks (fetch_to).
     archive = target.parent.resolve() / f".{target.name}.zip"
     try:
-        await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES)
+        await fetch(skill.archive_url, archive, sha256=skill.sha256, max_bytes=MAX_ARCHIVE_BYTES, deadline_s=deadline_s)
         _marker(target).unlink(missing_ok=True)
         await anyio.to_thread.run_sync(_unpack, archive, target)
         _marker(target).write_text(skill.sha256 + "\n")

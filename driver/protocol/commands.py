@@ -177,19 +177,12 @@ def classify_repeat(fingerprint: str, known_fingerprint: str | None, terminal_fr
 
 
 def fingerprint(raw: bytes | str) -> str:
-    """A content hash of a command, for the `command.conflict` check.
+    """A content hash of a command, for the `command.conflict` check: only `command_id`, `kind` and
+    the fields §3 names for the kind count (driver.protocol.fingerprint), keys sorted, so neither an
+    unknown extra field nor re-serialisation by the CP (key order, whitespace) is a conflict."""
+    from driver.protocol.fingerprint import fingerprint as content_fingerprint
 
-    Computed over the decoded object with keys sorted, so re-serialisation by the CP (key order,
-    whitespace) is not mistaken for different content.
-    """
-    import hashlib
-
-    try:
-        obj = msgspec.json.decode(raw)
-        canon = msgspec.json.encode(obj, order="sorted")
-    except RecursionError:
-        raise msgspec.DecodeError(NESTED_TOO_DEEPLY) from None
-    return hashlib.sha256(canon).hexdigest()
+    return content_fingerprint(raw)
 
 
 __all__ = [

@@ -13,6 +13,7 @@ import msgspec
 
 from driver.protocol.backoff import full_jitter
 from driver.protocol.frames import CommandFrame, InboundFrame, Receipt, Welcome
+from driver.protocol.welcome import Clamp, sanitize
 
 WELCOME_TIMEOUT_S = 10.0
 STABLE_AFTER_S = 60.0
@@ -62,6 +63,7 @@ class LinkCore:
         self.backoff_factory = backoff_factory
         self.phase = LinkPhase.DISCONNECTED
         self.welcome: Welcome | None = None
+        self.clamps: list[Clamp] = []  # what the last welcome's values were changed to
         self.opened_at: float | None = None
         self.last_heard = 0.0
         self.handshake_started = 0.0
@@ -83,6 +85,8 @@ class LinkCore:
             if not isinstance(frame, Welcome):
                 raise ProtocolViolation(f"expected welcome, got {type(frame).__name__.lower()}")
             self.phase = LinkPhase.OPEN
+            # Every value inside its range (driver.protocol.welcome): no welcome can make us flap.
+            frame, self.clamps = sanitize(frame)
             self.welcome = frame
             self.opened_at = now
             return frame

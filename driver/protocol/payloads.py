@@ -59,9 +59,15 @@ class ProcessLeft(msgspec.Struct, kw_only=True):
     argv0: str
 
 
+# PROTOCOL §9: the raw bytes (base64) of a name that is not UTF-8 (`path` then carries `\xNN`
+# escapes, driver.protocol.paths); absent, and not encoded, for a name that is UTF-8.
+PathB64 = str | msgspec.UnsetType
+
+
 class FileTouched(msgspec.Struct, kw_only=True):
     path: str
     change: Literal["created", "modified", "deleted"]
+    path_b64: PathB64 = msgspec.UNSET
 
 
 class SideEffects(msgspec.Struct, kw_only=True):
@@ -162,12 +168,14 @@ class FileChanged(_P):
     path: str
     change: Literal["created", "modified", "deleted"]
     sha256: str | None
+    path_b64: PathB64 = msgspec.UNSET
 
 
 class ArtifactProduced(_P):
     path: str
     size: int
     sha256: str
+    path_b64: PathB64 = msgspec.UNSET
 
 
 class PlanEntry(msgspec.Struct, kw_only=True):

@@ -29,6 +29,7 @@ async def _open(
     version: str | None,
     on_request: Any = None,
     max_line_bytes: int = 64 * 1024 * 1024,
+    on_handler_error: Any = None,
 ) -> AsyncIterator[Harness]:
     env = {"RPC_VERSION": version or "", "PATH": "/usr/bin:/bin"}
     process = await ProviderProcess.spawn([sys.executable, PEER], env=env, cwd=Path.cwd(), name="rpc-peer")
@@ -45,6 +46,7 @@ async def _open(
         max_line_bytes=max_line_bytes,
         on_request=on_request,
         on_notification=on_notification,
+        on_handler_error=on_handler_error,
     )
     harness = Harness(process, peer)
     holder.append(harness)
@@ -202,3 +204,29 @@ async def test_ids_of_every_json_type_and_deep_nesting_do_not_stop_the_reader() 
         assert not h.peer.closed.is_set()
         assert h.peer.invalid_lines >= 4 + 2  # the bad ids, the two deep lines
         assert h.peer.unknown_responses == 8
+
+
+async def test_a_handler_that_raises_is_answered_and_reported() -> None:
+    """The supervision boundary of a port (driver.guard.PortErrors): the provider gets an error answer,
+    the driver a diagnostic, at most `limit` of them."""
+    from driver.guard import PortErrors
+
+    emitted: list[dict[str, Any]] = []
+
+    async def emit(kind: str, payload: dict[str, Any]) -> None:
+        emitted.append(payload)
+
+    async def on_request(method: str, params: Any) -> Any:
+        raise KeyError("a port's bug")
+
+    reporter = PortErrors(emit, "rpc-peer", limit=1)
+    async with _open(None, on_request, on_handler_error=reporter) as h:
+        with anyio.fail_after(10):
+            first = await h.peer.request("ask", {"id": 1, "method": "fs/read"})
+            second = await h.peer.request("ask", {"id": 2, "method": "fs/read"})
+    assert first["error"]["code"] == second["error"]["code"] == -32603
+    assert "KeyError" in first["error"]["message"]
+    [diag] = emitted  # the second is logged only
+    assert diag["code"] == "driver.internal_error"
+    assert diag["details"]["exception_type"] == "KeyError" and diag["details"]["method"] == "fs/read"
+    assert reporter.count == 2

@@ -8,6 +8,8 @@ Each accepted connection takes the next mode from `modes` (then `pass`):
 - `prewelcome`: forward the handshake, then a `receipt` frame before the CP's `welcome`.
 - `mute`: forward the handshake and the `welcome`, then drop everything from the CP (no pong, no
   receipt, no command): a CP that never answers pings.
+- `badwelcome`: forward the handshake, rewrite the CP's `welcome` with `LinkProxy.welcome_overrides`
+  (values no driver should take as they are), then bytes both ways.
 Test plumbing, not a control plane: it knows WebSocket framing only enough to cut after a frame.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import struct
 from dataclasses import dataclass, field
 
@@ -37,6 +40,7 @@ class LinkProxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.welcome_overrides: dict[str, object] = {}
 
     async def __aenter__(self) -> LinkProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -102,6 +106,12 @@ class LinkProxy:
             out.write(b"\x81" + bytes([len(body)]) + body)
             await _pipe(up, out)
             return
+        if conn.mode == "badwelcome":
+            frame = await _read_frame(up)
+            welcome = {**json.loads(_payload(frame)), **self.welcome_overrides}
+            out.write(_text_frame(json.dumps(welcome).encode()))
+            await _pipe(up, out)
+            return
         if conn.mode == "mute":
             out.write(await _read_frame(up))  # the welcome
             await out.drain()
@@ -130,3 +140,20 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
         extra = await reader.readexactly(8)
         length = struct.unpack("!Q", extra)[0]
     return head + extra + await reader.readexactly(length)
+
+
+def _payload(frame: bytes) -> bytes:
+    """The payload of one unmasked frame read by `_read_frame`."""
+    length = frame[1] & 0x7F
+    start = 2 + {126: 2, 127: 8}.get(length, 0)
+    return frame[start:]
+
+
+def _text_frame(payload: bytes) -> bytes:
+    """One unmasked, final text frame."""
+    n = len(payload)
+    if n < 126:
+        return b"\x81" + bytes([n]) + payload
+    if n < 1 << 16:
+        return b"\x81\x7e" + struct.pack("!H", n) + payload
+    return b"\x81\x7f" + struct.pack("!Q", n) + payload

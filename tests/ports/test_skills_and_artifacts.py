@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.ports import artifacts, skills
+from driver.ports import artifacts, outputs, skills
 from driver.ports.fetch import FetchError, fetch_to
 from driver.protocol.boot import Skill
 from driver.protocol.commands import Attachment
@@ -134,11 +134,11 @@ def test_changed_outputs_reports_new_and_modified_only(tmp_path: Path) -> None:
     out.mkdir()
     (out / "same.txt").write_text("same")
     (out / "edit.txt").write_text("v1")
-    before = artifacts.snapshot_outputs(tmp_path)
+    before = outputs.snapshot(tmp_path)
     (out / "edit.txt").write_text("version 2")
     (out / "sub").mkdir()
     (out / "sub" / "new.txt").write_text("new")
     (out / "link").symlink_to(tmp_path / "outputs" / "same.txt")
-    changed = {p: (size, digest) for p, size, digest in artifacts.changed_outputs(tmp_path, before)}
+    changed = {p: (size, digest) for p, size, digest in outputs.changed(tmp_path, before).artifacts}
     assert set(changed) == {"outputs/edit.txt", "outputs/sub/new.txt"}
     assert changed["outputs/edit.txt"] == (9, sha(b"version 2"))
