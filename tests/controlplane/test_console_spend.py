@@ -57,7 +57,7 @@ async def test_each_run_shows_its_spend(cp: ControlPlane, tmp_path: Path) -> Non
     await send(ws, batch(1, events))
     await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 6)
     assert cp.http_url is not None
-    url = console_login_url(cp.http_url, CONSOLE_TOKEN, True)
+    url = console_login_url(cp, True)
 
     def look() -> dict[str, Any]:
         from selenium.webdriver.support.wait import WebDriverWait

@@ -139,7 +139,9 @@ async def test_utf8_text_with_invalid_bytes_and_raw_offsets(tmp_path: Path, driv
 
 
 async def test_a_link_cut_then_an_exact_replay(tmp_path: Path, drivers: list[DriverProcess]) -> None:
-    go, done = tmp_path / "go.fifo", tmp_path / "done.fifo"
+    # In cwd: the boot file's folder (tmp_path) is hidden from the provider's tree (PROTOCOL §9).
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    go, done = tmp_path / "cwd" / "go.fifo", tmp_path / "cwd" / "done.fifo"
     os.mkfifo(go)
     os.mkfifo(done)
     expected = "before\n" + "".join(f"{i}\n" for i in range(1, 40001))
@@ -297,7 +299,8 @@ async def test_processes_survive_a_cancel_and_a_reset_and_session_stop_ends_them
 
 @pytest.mark.parametrize("mode", ["auto", "subreaper"])  # auto is the PID namespace here
 async def test_processes_die_with_a_sigkilled_driver(mode: str, tmp_path: Path, drivers: list[DriverProcess]) -> None:
-    up = tmp_path / "up.fifo"
+    (tmp_path / "cwd").mkdir(exist_ok=True)  # not beside the boot file: that folder is hidden (§9)
+    up = tmp_path / "cwd" / "up.fifo"
     os.mkfifo(up)
     reader = os.open(up, os.O_RDONLY | os.O_NONBLOCK)
     async with control_plane(tmp_path) as cp:

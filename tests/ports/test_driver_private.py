@@ -12,7 +12,7 @@ import pytest
 from driver.adapters import acp_fs
 from driver.adapters.jsonrpc import JsonRpcError
 from driver.interfaces import PathNotAllowed
-from driver.ports import artifacts
+from driver.ports import outputs
 from driver.ports.files import AllowedRoots, driver_private
 
 
@@ -81,11 +81,12 @@ def test_outputs_never_report_the_driver_files(box: tuple[AllowedRoots, Path, Pa
     (cwd / "outputs").mkdir()
     os.link(journal, cwd / "outputs" / "copy.db")
     (cwd / "outputs" / "report.txt").write_text("r")
-    changed = artifacts.changed_outputs(cwd, {}, roots.private_inodes())
-    assert [c[0] for c in changed] == ["outputs/report.txt"]
+    report = outputs.changed(cwd, {}, private=roots.private_inodes())
+    assert [c[0] for c in report.artifacts] == ["outputs/report.txt"]
     (cwd / "outputs").rename(cwd / "old-outputs")
     (cwd / "outputs").symlink_to(journal.parent, target_is_directory=True)
-    assert artifacts.changed_outputs(cwd, {}, roots.private_inodes()) == []
+    report = outputs.changed(cwd, {}, private=roots.private_inodes())
+    assert report.artifacts == [] and report.refused is not None
 
 
 def test_process_start_cwd_rule(box: tuple[AllowedRoots, Path, Path], tmp_path: Path) -> None:
