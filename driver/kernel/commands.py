@@ -157,6 +157,12 @@ class CommandDesk:
         async def fail(code: str, message: str, retryable: bool = False) -> None:
             await self.finish(cid, seq, fp, "failed", error=CommandError(code, message, retryable))
 
+        if cid in k.journal.set_aside_commands:
+            # Its journaled status failed the MAC check (PROTOCOL §9): it may have run already, and
+            # whatever the row claimed is not trusted, so it is neither executed again nor answered from
+            # the row. The CP learns it through this failed status (and the journal.tampered report).
+            await fail("journal.tampered", "this command's journaled status failed its check; it is not run again")
+            return
         if k.stopping and not isinstance(command, cmds.SessionStop | cmds.PermissionResolve | cmds.HostToolResult):
             await fail("driver.stopping", "the driver is stopping", retryable=True)
             return

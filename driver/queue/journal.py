@@ -40,6 +40,9 @@ from driver.queue.schema import (
 )
 
 PRUNED_RANGES_KEY = "commands.pruned_ranges"
+# How far a tampered epoch is raised: an agent that lowered it cannot make the next ids repeat unless it
+# lowered it by more than this (and the seq reservation, checked the same way, jumps too).
+EPOCH_JUMP = 1024
 __all__ = ["EndedRun", "EventMeta", "Journal", "JournaledEvent"]
 
 
@@ -82,6 +85,11 @@ class Journal(JournalState):
             self._counter = max(self._meta("touch_counter", 0, lowest=0), self._max_touched())
             self._commands = CommandIndex(self._meta("commands_pruned_through", 0, lowest=0), self._pruned_ranges())
             self._load_commands()
+            # Commands whose status row failed its check (now or in an earlier process): never executed
+            # again when the CP resends them (their first execution may have happened), see CommandDesk.
+            self.set_aside_commands = {
+                str(r[0]) for r in self._db.execute("SELECT key FROM set_aside WHERE source = 'commands'")
+            }
         # A second connection for reading event bodies back: in WAL mode it reads committed rows while
         # the writer's commit (and its fsync) is in progress, so a sender re-reading a backlog is never
         # stuck behind a group commit.
@@ -113,8 +121,11 @@ class Journal(JournalState):
             out, self.findings = self.findings, []
         return out
 
-    def _set_aside(self, table: str, key: object, reason: str, values: tuple[object, ...]) -> None:
-        """Keep a copy of a refused row in `set_aside` (inside the caller's transaction)."""
+    def _set_aside(
+        self, table: str, key: object, reason: str, values: tuple[object, ...], *, report: bool = True
+    ) -> None:
+        """Keep a copy of a refused row in `set_aside` (inside the caller's transaction); `report`
+        False when the caller has reported it already (the outbox, when it read the row back)."""
         self._db.execute(
             "INSERT INTO set_aside(source, key, reason, row) VALUES(?, ?, ?, ?)",
             (table, str(key), reason, row_blob(values)),
@@ -123,7 +134,8 @@ class Journal(JournalState):
             "DELETE FROM set_aside WHERE id <= (SELECT MAX(id) FROM set_aside) - ?",
             (SET_ASIDE_KEPT,),
         )
-        self._found(table, key, reason)
+        if report:
+            self._found(table, key, reason)
 
     # -- meta ---------------------------------------------------------------------------------------
     def _meta(self, key: str, default: int, *, lowest: int | None = None) -> int:
@@ -149,9 +161,13 @@ class Journal(JournalState):
 
     def bump_epoch(self) -> int:
         """Increment and return the epoch: 1 for the first process of this state_dir. A stored epoch
-        that fails its check is still only raised (an epoch is never reused by choice)."""
+        that fails its check may have been lowered (to make ids repeat): it is jumped far above what
+        is stored instead (epochs may have gaps)."""
         with self._lock, self._tx():
+            before = len(self.findings)
             epoch = self._meta("epoch", 0) + 1
+            if len(self.findings) > before:
+                epoch += EPOCH_JUMP
             self._set_meta("epoch", epoch)
             return epoch
 
@@ -214,7 +230,7 @@ class Journal(JournalState):
                 if gone:
                     self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
                 for seq, reason in aside:
-                    self._set_aside_event(seq, reason)
+                    self._set_aside_event(seq, reason, report=False)
                 for seq, body in cut:
                     self._replace_body(seq, body)
                 if crash:
@@ -241,10 +257,10 @@ class Journal(JournalState):
             if kind in RUN_TERMINAL_KINDS and run_id:
                 self._run_terminal(run_id, kind, terminal_error(body))
 
-    def _set_aside_event(self, seq: int, reason: str) -> None:
+    def _set_aside_event(self, seq: int, reason: str, *, report: bool = True) -> None:
         row = self._db.execute("SELECT seq, event_id, run_id, kind, body FROM outbox WHERE seq = ?", (seq,)).fetchone()
         if row is not None:
-            self._set_aside("outbox", seq, reason, tuple(row))
+            self._set_aside("outbox", seq, reason, tuple(row), report=report)
             self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
 
     def _replace_body(self, seq: int, body: bytes) -> None:
