@@ -150,3 +150,50 @@ async def test_an_agent_editing_the_journal_gets_nothing_sent_or_done(tmp_path: 
     finally:
         stranger.send_signal(signal.SIGKILL)
         stranger.wait()
+
+
+async def test_journal_rows_of_unexpected_types_are_set_aside_not_a_crash_loop(
+    tmp_path: Path, drivers: Drivers
+) -> None:
+    """Issue 19: a body of an unexpected type crashed the sender at every restart. Now such a row is set
+    aside (reason "type") and reported, and the driver carries on."""
+    async with control_plane(tmp_path) as cp:
+        d1 = drivers.start(cp.url)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=30)
+        cp.faults.partial_receipt_events = 0
+        await cp.send_command(INSTANCE, "input.start", run_id="run-b", input={"text": "[[flood:100:20]]"})
+        await cp.wait_until(
+            lambda: (hb := cp.last_heartbeat(INSTANCE)) is not None and hb["outbox"]["lossless_pending"] >= 12,
+            timeout=30,
+        )
+        d1.kill()
+        await cp.wait_disconnected(INSTANCE, timeout=10)
+        cp.faults.reset()
+        db = sqlite3.connect(tmp_path / "state" / "driver" / "journal.sqlite3", isolation_level=None)
+        seqs = [r[0] for r in db.execute("SELECT seq FROM outbox ORDER BY seq")]
+        db.execute("UPDATE outbox SET body = CAST(body AS TEXT) WHERE seq = ?", (seqs[2],))
+        db.execute("UPDATE outbox SET body = 42 WHERE seq = ?", (seqs[3],))
+        db.execute("UPDATE outbox SET kind = 7 WHERE seq = ?", (seqs[4],))
+        db.close()
+        for _ in range(2):  # twice: no crash loop, at the first restart or the next
+            d = drivers.start(cp.url)
+            await cp.wait_connected(INSTANCE, timeout=30)
+            await cp.wait_for(
+                INSTANCE, lambda i: i["type"] == "heartbeat" and i["outbox"]["lossless_pending"] == 0, timeout=30
+            )
+            assert d.proc.poll() is None, d.stderr()[-2000:]
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+        reports = [
+            e["payload"]["details"]
+            for e in cp.events(INSTANCE, kinds=["diagnostic.reported"])
+            if e["payload"]["code"] == "journal.tampered"
+        ]
+        named = {k for d in reports for k in [d["key"], *d.get("keys", [])]}
+        assert {str(s) for s in seqs[2:5]} <= named, reports
+        by_reason = {d["reason"]: {d["key"], *d.get("keys", [])} for d in reports}
+        # A TEXT or INTEGER body is of a type the driver never writes; a kind of 7 is stored as the
+        # text '7' by SQLite's column affinity, so that row fails its MAC instead.
+        assert {str(seqs[2]), str(seqs[3])} <= by_reason["type"] and str(seqs[4]) in by_reason["mac"]
+        assert not [e for e in cp.events(INSTANCE) if e["seq"] in seqs[2:5]]
+        check_instance(cp)
