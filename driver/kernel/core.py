@@ -280,8 +280,12 @@ class Kernel:
         """From the link's reader or sender: never waits there. Reporting admits diagnostics into the
         outbox, which may be full, and only the sender can empty it (issue 19: the link waited on
         itself), so the reports are admitted by a task of their own."""
-        if finals:
-            self.spawn(self._report_rejections, finals)
+        if not finals:
+            return
+        if self._tg is None:  # a bench's kernel that never served: nothing to report through
+            log.error("event.rejected_unreported", count=len(finals))
+            return
+        self.spawn(self._report_rejections, finals)
 
     async def _report_rejections(self, finals: list[FinalRejection]) -> None:
         await self.ready.wait()

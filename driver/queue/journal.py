@@ -71,6 +71,9 @@ class Journal(JournalState):
         self.mac = mac
         self._lock = threading.Lock()
         self.findings: list[Finding] = []  # rows set aside, for the kernel to report (take_findings)
+        # Its own lock: the kernel takes findings on the event loop, which must never wait for the
+        # journal's lock (held through a commit's fsync).
+        self._findings_lock = threading.Lock()
         self._reported: set[tuple[str, str]] = set()
         # Create the file private before SQLite opens it: SQLite gives the -wal and -shm files (which hold
         # the same event payloads) the database file's mode, so a later chmod alone would leave them 0644.
@@ -114,10 +117,11 @@ class Journal(JournalState):
     def _found(self, table: str, key: object, reason: str) -> None:
         if (table, str(key)) not in self._reported:
             self._reported.add((table, str(key)))
-            self.findings.append(Finding(table, str(key), reason))
+            with self._findings_lock:
+                self.findings.append(Finding(table, str(key), reason))
 
     def take_findings(self) -> list[Finding]:
-        with self._lock:
+        with self._findings_lock:
             out, self.findings = self.findings, []
         return out
 
@@ -141,16 +145,20 @@ class Journal(JournalState):
     def _meta(self, key: str, default: int, *, lowest: int | None = None) -> int:
         """A counter. One that fails its check is reported and replaced by `lowest` when given, else
         taken as stored (the callers that use it only ever raise it, see `bump_epoch`)."""
+        return self._meta_checked(key, default, lowest=lowest)[0]
+
+    def _meta_checked(self, key: str, default: int, *, lowest: int | None = None) -> tuple[int, bool]:
+        """(value, passed its check): a missing row passes, with `default`."""
         row = self._db.execute("SELECT value, mac FROM meta WHERE key = ?", (key,)).fetchone()
         if row is None:
-            return default
+            return default, True
         value, mac = row
         if self.mac.check(mac, "meta", key, value):
-            return int(value)
+            return int(value), True
         self._found("meta", key, "mac")
         if lowest is not None or not isinstance(value, int):
-            return lowest if lowest is not None else default
-        return value
+            return (lowest if lowest is not None else default), False
+        return value, False
 
     def _set_meta(self, key: str, value: int) -> None:
         self._db.execute(
@@ -164,19 +172,17 @@ class Journal(JournalState):
         that fails its check may have been lowered (to make ids repeat): it is jumped far above what
         is stored instead (epochs may have gaps)."""
         with self._lock, self._tx():
-            before = len(self.findings)
-            epoch = self._meta("epoch", 0) + 1
-            if len(self.findings) > before:
-                epoch += EPOCH_JUMP
+            stored, ok = self._meta_checked("epoch", 0)
+            epoch = stored + 1 if ok else max(stored, 0) + 1 + EPOCH_JUMP
             self._set_meta("epoch", epoch)
             return epoch
 
     def reserve_seqs(self) -> tuple[int, int]:
         """Reserve the next block of seqs; return (first, end) with end exclusive."""
         with self._lock, self._tx():
-            before = len(self.findings)
-            start = self._meta("seq_reserved", 0) + 1
-            if len(self.findings) > before:
+            stored, ok = self._meta_checked("seq_reserved", 0)
+            start = max(stored, 0) + 1
+            if not ok:
                 # Edited: the true reservation may be higher than what is stored. Seqs may have gaps
                 # (best-effort events use seqs that are never stored), so jump far above it.
                 start += SEQ_BLOCK * 1024
