@@ -221,6 +221,10 @@ class Writer:
         async with self._commit_lock:
             take = min(limit, len(self.unsynced))
             rows = [self.unsynced.popleft() for _ in range(take)]
+            # Counted out as the commit starts (not when it ends): a producer waiting on the byte cap
+            # then admits the next chunk while this one is being written, so journaling overlaps.
+            taken_bytes = sum(len(r[4]) for r in rows)
+            self.unsynced_bytes -= taken_bytes
             last = rows[-1][0] if rows else self._durable_seq
             statuses: list[Saved] = []
             later: deque[Saved] = deque()
@@ -246,6 +250,7 @@ class Writer:
             except Exception as exc:
                 # Nothing is dropped: everything goes back, in order, and is retried after a backoff.
                 self._requeue(rows, statuses, deletes, aside, cuts)
+                self.unsynced_bytes += taken_bytes
                 log.error("journal.commit_failed", error=type(exc).__name__, detail=str(exc)[:200])
                 progress.set()
                 self._retry_s = min(RETRY_MAX_S, max(RETRY_MIN_S, self._retry_s * 2))
@@ -254,7 +259,6 @@ class Writer:
             finally:
                 self._writing -= 1
             self._retry_s = 0.0
-            self.unsynced_bytes -= sum(len(r[4]) for r in rows)
             self._durable_seq = max(self._durable_seq, last)
             self._durable_gen = max(self._durable_gen, gen)
             if reserve and reserve >= self._seq_end:
