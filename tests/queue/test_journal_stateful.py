@@ -95,8 +95,8 @@ class JournalMachine(RuleBasedStateMachine):
         for s in gone:
             del self.events[s]
         for c in statuses:
-            if c.command_id in self.bad_commands:
-                continue  # the journal dropped it from memory; its new status row is the driver's own
+            # The driver's own write replaces an edited row with a valid one.
+            self.bad_commands.discard(c.command_id)
             first = self.statuses.get(c.command_id)
             self.statuses[c.command_id] = (first[0] if first else c.seq, c.status)
             if c.seq == self.next_cmd:
