@@ -80,7 +80,11 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     from driver import containment
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
-    containment.track(Path(payload.session.state_dir))
+    from driver.queue.rowmac import RowMac, derive_key
+
+    containment.track(
+        Path(payload.session.state_dir), RowMac(derive_key(payload.control.token, payload.driver_instance_id))
+    )
     from driver.hiding import private_paths
 
     containment.hide(*private_paths(payload, Path(boot_path)))

@@ -26,6 +26,7 @@ Two mechanisms, one per way a driver can end:
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import shlex
 import shutil
@@ -39,6 +40,8 @@ from typing import Any
 import msgspec
 
 from driver import logs
+from driver.queue.journal_rows import Finding
+from driver.queue.rowmac import UNKEYED, RowMac
 
 log = logs.get("driver.containment")
 
@@ -119,6 +122,8 @@ def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None 
         }
     )
     log.warning("containment.degraded", reason=reason, mode=mode, visible=[i["path"] for i in visible])
+
+_findings: list[Finding] = []
 
 
 def _pidns_prefix() -> list[str] | None:
@@ -287,10 +292,14 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 class ProcessRecord:
-    """`state_dir/driver/processes.json`: [{pid, pgid, start}] of the processes still running."""
+    """`state_dir/driver/processes.json`: {"entries": [{pid, pgid, start}], "mac": hex} of the processes
+    still running. The MAC (HMAC-SHA256 under the journal's key, driver/queue/rowmac.py) is checked
+    before any signal: a file the driver did not write (an agent naming any same-uid process group,
+    or a list from a driver before MACs) makes the next process signal nothing and report it."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, mac: RowMac | None = None) -> None:
         self.path = state_dir / "driver" / RECORD_NAME
+        self.mac = mac or UNKEYED
         self._entries: dict[int, dict[str, int]] = {}
 
     def add(self, pid: int) -> None:
@@ -306,18 +315,50 @@ class ProcessRecord:
         if self._entries.pop(pid, None) is not None:
             self._write()
 
+    def _mac_of(self, entries: bytes) -> str:
+        return self.mac.of("processes", entries).hex()
+
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode(list(self._entries.values())))
+        entries = msgspec.json.encode(list(self._entries.values()))
+        tmp.write_bytes(b'{"entries":' + entries + b',"mac":"' + self._mac_of(entries).encode() + b'"}')
         tmp.replace(self.path)
 
     def read(self) -> list[dict[str, int]]:
+        """The entries, only when the file is the driver's own; else [] (and a finding)."""
         try:
-            data = msgspec.json.decode(self.path.read_bytes())
-        except (OSError, msgspec.DecodeError):
+            raw = self.path.read_bytes()
+        except OSError:
             return []
-        return [e for e in data if isinstance(e, dict) and {"pid", "pgid", "start"} <= e.keys()]
+        try:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            data = None
+        entries = data.get("entries") if isinstance(data, dict) else None
+        mac = data.get("mac") if isinstance(data, dict) else None
+        if (
+            not isinstance(entries, list)
+            or not isinstance(mac, str)
+            or not hmac.compare_digest(mac, self._mac_of(msgspec.json.encode(entries)))
+        ):
+            _findings.append(Finding("processes", RECORD_NAME, "mac"))
+            log.error("containment.record_tampered", path=str(self.path))
+            return []
+        return [
+            e
+            for e in entries
+            if isinstance(e, dict)
+            and {"pid", "pgid", "start"} <= e.keys()
+            and all(type(e[k]) is int and e[k] > 0 for k in ("pid", "pgid", "start"))
+        ]
+
+
+def take_findings() -> list[Finding]:
+    """Record files that failed their check, for the kernel to report (`journal.tampered`)."""
+    out = list(_findings)
+    _findings.clear()
+    return out
 
 
 def reap(entries: Iterable[dict[str, int]]) -> list[int]:
@@ -350,11 +391,12 @@ def _group_members(pgid: int, *, not_before: int) -> list[int]:
     return members
 
 
-def track(state_dir: Path) -> list[int]:
+def track(state_dir: Path, mac: RowMac | None = None) -> list[int]:
     """Called once, holding the state_dir lock, before any provider starts: kill what a previous
-    process left behind, then record what this one starts. Returns the pids killed."""
+    process left behind (only when its record passes its check), then record what this one starts.
+    Returns the pids killed."""
     global _record
-    record = ProcessRecord(state_dir)
+    record = ProcessRecord(state_dir, mac)
     killed = reap(record.read()) if record.path.exists() else []
     if killed:
         log.warning("containment.predecessor_killed", pids=killed)

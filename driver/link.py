@@ -91,7 +91,9 @@ class LinkHooks(msgspec.Struct):
     heartbeat: Callable[[], bytes]
     on_welcome: Callable[[Welcome], Awaitable[None]]
     on_command: Callable[[CommandFrame, bytes], Awaitable[None]]
-    on_final_rejections: Callable[[list[Any]], Awaitable[None]]
+    # Not awaited: reporting admits into the outbox, which only this link's sender can empty (the
+    # reader and the sender must never wait for admission).
+    on_final_rejections: Callable[[list[Any]], None]
 
 
 class Link:
@@ -285,7 +287,11 @@ class Link:
         elif isinstance(frame, Receipt):
             finals = self._outbox.on_receipt(frame)
             if finals:
-                await self._hook("on_final_rejections", self._hooks.on_final_rejections, finals)
+                try:
+                    self._hooks.on_final_rejections(finals)  # never waits (issue 19)
+                except Exception as exc:
+                    name = type(exc).__name__
+                    log.error("link.hook_failed", hook="on_final_rejections", error_type=name, exc_info=True)
         else:
             await self._hook("on_command", self._hooks.on_command, frame, data)
 
@@ -313,7 +319,7 @@ class Link:
             await self._outbox.wait_sendable()
             batch = self._outbox.take_batch(max_events, max_bytes)
             if finals := self._outbox.take_local_rejections():
-                await self._hooks.on_final_rejections(finals)
+                self._hooks.on_final_rejections(finals)
             if batch is None:
                 await anyio.lowlevel.checkpoint()
                 continue
@@ -336,7 +342,7 @@ class Link:
             )
             log.error("link.too_big_at_floor", frame_bytes=largest)
             if finals:
-                await self._hooks.on_final_rejections(finals)
+                self._hooks.on_final_rejections(finals)
         else:
             log.warning("link.too_big", frame_bytes=largest, batch_bytes=self.batches.cap)
 

@@ -64,15 +64,15 @@ async def test_predecessor_processes_are_killed_only_when_their_start_time_match
         # The stranger's pid with a wrong start time: a reused pid, which must not be signalled.
         start = containment.start_time(stranger.pid)
         assert start is not None
-        entries.append({"pid": stranger.pid, "pgid": stranger.pid, "start": start + 1})
-        record.path.write_text(json.dumps(entries))
+        record._entries[stranger.pid] = {"pid": stranger.pid, "pgid": stranger.pid, "start": start + 1}
+        record._write()
         killed = containment.track(tmp_path)
         assert sorted(killed) == sorted([ours.pid, stayed])
         with anyio.fail_after(5):
             assert await ours.wait() == -signal.SIGKILL
         await _gone(stayed)
         assert stranger.returncode is None and _alive(stranger.pid)
-        assert json.loads(record.path.read_text()) == []  # the new process starts its own record
+        assert json.loads(record.path.read_text())["entries"] == []  # the new process starts its own record
     finally:
         for p in (ours, stranger):
             if p.returncode is None:

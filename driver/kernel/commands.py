@@ -1,10 +1,10 @@
 """Command dispatch (PROTOCOL §3): idempotency by `command_id`, `accepted` at once, exactly one terminal
 status, and every terminal status kept as a fact.
 
-A terminal status is persisted under `state_dir` first, then admitted as the lossless
-`command.finished` event (journaled and retried like every lossless event, so a status produced while
-the link is down or during recovery still reaches the control plane), and only then sent as the fast
-`command.update` frame when a link is up.
+A terminal status and its lossless `command.finished` event (journaled and retried like every lossless
+event, so a status produced while the link is down or during recovery still reaches the control plane)
+are journaled in ONE transaction by the outbox's one writer (PROTOCOL §4.1), and only then is the fast
+`command.update` frame sent when a link is up.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
 from driver.protocol.fingerprint import comparable
 from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
-from driver.queue.command_saver import CommandSaver
+from driver.queue.command_index import StoredCommand
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -37,7 +37,6 @@ class CommandDesk:
         self.k = kernel
         self.in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
         self.kinds: dict[str, str] = {}  # command_id → kind, for command.finished
-        self.saver = CommandSaver(kernel.journal)  # statuses of concurrent commands share one commit
         self._started: anyio.Event | None = None  # set once the latest accepted command began executing
 
     async def send_update(self, update: CommandUpdate) -> None:
@@ -56,22 +55,28 @@ class CommandDesk:
         error: CommandError | None = None,
         kind: str | None = None,
     ) -> None:
-        """Persist the terminal status, admit it as `command.finished`, then send the fast update."""
+        """Journal the terminal status with its `command.finished` (one transaction), then send the
+        fast update."""
         update = CommandUpdate(command_id=command_id, status=status, result=result, error=error)
         if status == "completed" and result is None:
             update.result = {}
         frame = encode(update)
-        # Persist first: a terminal status must survive a restart before anyone can see it.
-        await self.saver.save(command_id, seq, fingerprint, status, frame)
-        self.in_progress.pop(command_id, None)
-        command_kind = kind or self.kinds.pop(command_id, None) or self.k.journal.command_kind(command_id) or ""
-        self.kinds.pop(command_id, None)
+        command_kind = kind or self.kinds.get(command_id) or self.k.journal.command_kind(command_id) or ""
         finished: dict[str, Any] = {"command_id": command_id, "command_kind": command_kind, "status": status}
         if error is not None:
             finished["error"] = {"code": error.code, "message": error.message, "retryable": error.retryable}
         else:
             finished["result"] = update.result
-        await self.k.emit("command.finished", finished)
+        stored = StoredCommand(command_id, seq, fingerprint, status, frame)
+        # Durable before anyone can see it, and together with its fact: no crash leaves one without the
+        # other, and `last_command_seq` counts the command only once both are on disk.
+        try:
+            await self.k.emit("command.finished", finished, status=stored)
+        except ValueError as exc:  # the fact could not be built (a payload bug): the status alone
+            log.error("command.finished_unbuildable", command_id=command_id, error=type(exc).__name__)
+            await self.k.outbox.save_status(stored)
+        self.in_progress.pop(command_id, None)
+        self.kinds.pop(command_id, None)
         await self.send_update(update)
 
     async def on_command(self, head: CommandFrame, raw: bytes) -> None:
@@ -153,7 +158,8 @@ class CommandDesk:
         """Its own boundary (spawned unguarded: a flood holds thousands of these at once, each one
         frame, not three)."""
         try:
-            await self.saver.save(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
+            accepted = StoredCommand(head.command_id, head.seq, fingerprint, "accepted", None, head.kind)
+            await self.k.outbox.save_status(accepted)
             await self.send_update(CommandUpdate(command_id=head.command_id, status="accepted"))
             try:
                 command = cmds.decode_command(raw)
@@ -192,6 +198,12 @@ class CommandDesk:
         async def fail(code: str, message: str, retryable: bool = False) -> None:
             await self.finish(cid, seq, fp, "failed", error=CommandError(code, message, retryable))
 
+        if cid in k.journal.set_aside_commands:
+            # Its journaled status failed the MAC check (PROTOCOL §9): it may have run already, and
+            # whatever the row claimed is not trusted, so it is neither executed again nor answered from
+            # the row. The CP learns it through this failed status (and the journal.tampered report).
+            await fail("journal.tampered", "this command's journaled status failed its check; it is not run again")
+            return
         if k.stopping and not isinstance(command, cmds.SessionStop | cmds.PermissionResolve | cmds.HostToolResult):
             await fail("driver.stopping", "the driver is stopping", retryable=True)
             return

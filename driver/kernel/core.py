@@ -23,6 +23,7 @@ from driver import __version__, guard, logs
 from driver.capabilities import ALL as CAPABILITIES
 from driver.capabilities import capabilities_of, capability_mode
 from driver.kernel.options import KernelOptions, project_root
+from driver.kernel.tamper import TamperReports
 from driver.protocol import paths
 from driver.protocol.boot import BootPayload
 from driver.protocol.events import (
@@ -44,8 +45,10 @@ from driver.protocol.frames import (
     Welcome,
     encode,
 )
+from driver.queue.command_index import StoredCommand
 from driver.queue.journal import Journal
 from driver.queue.outbox import FinalRejection, Outbox, utc_now
+from driver.queue.rowmac import RowMac, derive_key
 from driver.states import StateMachine, Trigger
 
 if TYPE_CHECKING:
@@ -119,7 +122,11 @@ class Kernel:
         self.state = StateMachine()
         state_dir = Path(boot.session.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.journal = Journal(state_dir / "driver" / "journal.sqlite3")
+        # Journal rows are authenticated under a key derived from the token (PROTOCOL §9), held only here.
+        self.journal = Journal(
+            state_dir / "driver" / "journal.sqlite3",
+            mac=RowMac(derive_key(boot.control.token, boot.driver_instance_id)),
+        )
         self.epoch = self.journal.bump_epoch()
         self.outbox = Outbox(
             self.journal,
@@ -129,6 +136,7 @@ class Kernel:
             max_events=self.options.outbox_max_events,
             max_bytes=self.options.outbox_max_bytes,
         )
+        self.tamper_reports = TamperReports(self)
         self.run: Run | None = None
         self.exit_status: int | None = None
         self.done = anyio.Event()
@@ -198,9 +206,10 @@ class Kernel:
         self.provider.on_ready()
 
     # -- the events port -----------------------------------------------------------------------------
-    async def emit(self, kind: str, payload: dict[str, Any]) -> str | None:
+    async def emit(self, kind: str, payload: dict[str, Any], *, status: StoredCommand | None = None) -> str | None:
         """The adapters' `emit`: validate, stamp with the run, admit to the outbox. Returns the
-        event_id (None for an event dropped because its run is already terminal)."""
+        event_id (None for an event dropped because its run is already terminal). `status`: the
+        command status this event (`command.finished`) is the fact of, journaled with it (§4.1)."""
         spec = EVENT_KINDS.get(kind)
         if spec is None:
             raise PayloadError(f"unknown event kind {kind!r}")
@@ -227,7 +236,7 @@ class Kernel:
         self.telemetry.observe(kind, payload)
         # PROTOCOL §4.3: cut to fit before admission, so no event can wedge the link.
         body = fit_payload(kind, paths.validated(kind, payload), self.max_event_bytes)
-        return await self.outbox.admit(kind, body, spec.delivery, run_id)
+        return await self.outbox.admit(kind, body, spec.delivery, run_id, status)
 
     # -- states ---------------------------------------------------------------------------------------
     def fire(self, trigger: Trigger) -> None:
@@ -300,7 +309,18 @@ class Kernel:
         await self.ready.wait()
         await self.commands.on_command(head, raw)  # its own boundary: never raises
 
-    async def on_final_rejections(self, finals: list[FinalRejection]) -> None:
+    def on_final_rejections(self, finals: list[FinalRejection]) -> None:
+        """From the link's reader or sender: never waits there. Reporting admits diagnostics into the
+        outbox, which may be full, and only the sender can empty it (issue 19: the link waited on
+        itself), so the reports are admitted by a task of their own."""
+        if not finals:
+            return
+        if self._tg is None:  # a bench's kernel that never served: nothing to report through
+            log.error("event.rejected_unreported", count=len(finals))
+            return
+        self.spawn(self._report_rejections, finals)
+
+    async def _report_rejections(self, finals: list[FinalRejection]) -> None:
         await self.ready.wait()
         try:
             await self._final_rejections(finals)
@@ -352,6 +372,7 @@ class Kernel:
             self._tg = tg
             tg.start_soon(self._essential, "outbox", self.outbox.run)
             tg.start_soon(guard.keep, self, "link", lambda: self._watch_link(link))
+            tg.start_soon(guard.keep, self, "tamper reports", self.tamper_reports.run)
             # The hello first: the rooms' imports and the provider's spawn hold the loop for tens of
             # ms, the dial needs it for a few. Bounded, so a control plane that does not answer (a
             # dial that hangs rather than fails) never holds the driver back long.

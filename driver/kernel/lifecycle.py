@@ -36,7 +36,8 @@ class Lifecycle:
         """End runs a dead predecessor left active; settle the commands it left open."""
         k = self.k
         journal = k.journal
-        active = journal.active_runs()
+        # In a worker thread: the journal's lock may be held through a commit's fsync (§4.1's writer).
+        active = await anyio.to_thread.run_sync(journal.active_runs)
         for run_id, command_id in active:
             event_id = await k.runs.emit_for_run(
                 run_id,
@@ -70,7 +71,7 @@ class Lifecycle:
                 k.runs.queue.forget_stale(stored.command_id)  # settled below or above: never queued again
             if stored.command_id in in_active:
                 continue
-            ended = journal.ended_run_of(stored.command_id)
+            ended = await anyio.to_thread.run_sync(journal.ended_run_of, stored.command_id)
             if ended is not None:
                 # The terminal was journaled before the predecessor died: the command mirrors it, once
                 # that terminal has its receipt (it may still be in the outbox, to be resent).

@@ -7,6 +7,8 @@ its own commits, so every read is a dict lookup. No I/O here.
 
 from __future__ import annotations
 
+from bisect import insort
+
 import msgspec
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
@@ -22,11 +24,38 @@ class StoredCommand(msgspec.Struct, frozen=True):
 
 
 class CommandIndex:
-    def __init__(self, pruned_through: int = 0) -> None:
+    def __init__(self, pruned_through: int = 0, pruned_ranges: list[tuple[int, int]] | None = None) -> None:
         self._by_id: dict[str, StoredCommand] = {}
         self._touched: dict[str, int] = {}
         self._by_seq: dict[int, set[str]] = {}
         self.pruned_through = pruned_through
+        # Terminal commands pruned ABOVE a gap (a seq never seen): (first, last) seq ranges, sorted and
+        # disjoint. Pruning goes by age alone, so a missing seq cannot make the table grow for ever;
+        # these ranges let `last_terminal_seq` step over what was pruned once the gap is filled.
+        self.pruned_ranges: list[tuple[int, int]] = sorted(pruned_ranges or [])
+
+    def open_commands(self) -> list[StoredCommand]:
+        """Commands without a terminal status, by seq."""
+        return sorted((c for c in self._by_id.values() if c.status not in TERMINAL), key=lambda c: c.seq)
+
+    def max_touched(self) -> int:
+        return max(self._touched.values(), default=0)
+
+    def add_pruned(self, seqs: list[int], keep: int) -> None:
+        """Remember pruned seqs: the contiguous ones join `pruned_through`, the rest become ranges."""
+        for seq in sorted(set(seqs)):
+            if seq <= self.pruned_through:
+                continue
+            insort(self.pruned_ranges, (seq, seq))
+        merged: list[tuple[int, int]] = []
+        for lo, hi in self.pruned_ranges:
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        while merged and merged[0][0] <= self.pruned_through + 1:
+            self.pruned_through = max(self.pruned_through, merged.pop(0)[1])
+        self.pruned_ranges = merged[:keep]
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -46,13 +75,11 @@ class CommandIndex:
         self._touched[stored.command_id] = touched
         self._by_seq.setdefault(stored.seq, set()).add(stored.command_id)
 
-    def prune(self, touched_through: int, seq_through: int) -> int | None:
-        """Drop terminal commands touched at or before `touched_through` with seq at or below
-        `seq_through` (the journal's DELETE); return the highest seq dropped."""
+    def prune(self, touched_through: int) -> list[int]:
+        """Drop terminal commands touched at or before `touched_through` (the journal's DELETE);
+        return the seqs dropped."""
         gone = [
-            c
-            for c in self._by_id.values()
-            if self._touched[c.command_id] <= touched_through and c.seq <= seq_through and c.status in TERMINAL
+            c for c in self._by_id.values() if self._touched[c.command_id] <= touched_through and c.status in TERMINAL
         ]
         for c in gone:
             del self._by_id[c.command_id]
@@ -61,7 +88,17 @@ class CommandIndex:
             ids.discard(c.command_id)
             if not ids:
                 del self._by_seq[c.seq]
-        return max((c.seq for c in gone), default=None)
+        return [c.seq for c in gone]
+
+    def remove(self, command_id: str) -> None:
+        """Forget a command whose row failed its check (never acted on)."""
+        c = self._by_id.pop(command_id, None)
+        if c is not None:
+            del self._touched[command_id]
+            ids = self._by_seq.get(c.seq, set())
+            ids.discard(command_id)
+            if not ids:
+                self._by_seq.pop(c.seq, None)
 
     def last_terminal_seq(self) -> int:
         """The highest seq such that every command up to it is terminal; a gap stops the scan.
@@ -70,7 +107,13 @@ class CommandIndex:
         scan does.
         """
         last = self.pruned_through
+        ranges, r = self.pruned_ranges, 0
         while True:
+            while r < len(ranges) and ranges[r][1] <= last:
+                r += 1
+            if r < len(ranges) and ranges[r][0] == last + 1:
+                last = ranges[r][1]
+                continue
             ids = self._by_seq.get(last + 1)
             if not ids or any(self._by_id[c].status not in TERMINAL for c in ids):
                 return last

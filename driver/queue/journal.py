@@ -4,9 +4,13 @@ It holds the lossless outbox (each event's full encoded bytes, keyed by `seq` an
 the epoch and the seq reservation, command terminal statuses (so idempotency survives a restart), and
 the run that is active (so the next process can end it `driver.restarted`).
 
-This module is synchronous and small on purpose; `driver.queue.outbox` calls it from a worker thread
-for the hot path (group commits) and directly for rare writes. A lock serialises access because the
-connection is shared between that thread and the event loop.
+Every row carries an HMAC (driver/queue/rowmac.py) and is checked where it is read back; a row that
+fails is set aside and reported (`findings`), never sent or acted on (PROTOCOL §4.1, §9).
+
+This module is synchronous and small on purpose: `driver.queue.outbox_writer` calls `commit` from a
+worker thread for every event, deletion and command status (ONE writer, in order); the rare writes
+of runs, texts and the transcript are in `journal_state`. A lock serialises access because the
+connection is shared between threads.
 """
 
 from __future__ import annotations
@@ -18,19 +22,24 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import msgspec
-
 from driver.queue.command_index import CommandIndex, StoredCommand
+from driver.queue.journal_commands import PRUNED_RANGES_KEY, JournalCommands
+from driver.queue.journal_rows import CRASH, Finding, row_blob
+from driver.queue.journal_state import EndedRun, JournalState
+from driver.queue.rowmac import UNKEYED, RowMac
 from driver.queue.schema import (
-    COMMANDS_KEPT,
     MIGRATIONS,
     RUN_TERMINAL_KINDS,
-    RUNS_KEPT,
     SCHEMA,
     SEQ_BLOCK,
-    TRANSCRIPT_MAX_BYTES,
+    SET_ASIDE_KEPT,
     terminal_error,
 )
+
+# How far a tampered epoch is raised: an agent that lowered it cannot make the next ids repeat unless it
+# lowered it by more than this (and the seq reservation, checked the same way, jumps too).
+EPOCH_JUMP = 1024
+__all__ = ["PRUNED_RANGES_KEY", "EndedRun", "EventMeta", "Journal", "JournaledEvent"]
 
 
 class JournaledEvent(NamedTuple):
@@ -43,20 +52,25 @@ class JournaledEvent(NamedTuple):
     body: bytes
 
 
-class EndedRun(msgspec.Struct, frozen=True):
-    """A run whose terminal was journaled: its kind and, for `run.failed`, the error payload."""
+class EventMeta(NamedTuple):
+    seq: int
+    event_id: str
+    run_id: str | None
+    kind: str
+    size: int
 
-    run_id: str
-    command_id: str
-    terminal: str
-    error: dict[str, object] | None
 
-
-class Journal:
-    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
+class Journal(JournalCommands, JournalState):
+    def __init__(self, path: Path, *, synchronous: str = "FULL", mac: RowMac = UNKEYED) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
+        self.mac = mac
         self._lock = threading.Lock()
+        self.findings: list[Finding] = []  # rows set aside, for the kernel to report (take_findings)
+        # Its own lock: the kernel takes findings on the event loop, which must never wait for the
+        # journal's lock (held through a commit's fsync).
+        self._findings_lock = threading.Lock()
+        self._reported: set[tuple[str, str]] = set()
         # Create the file private before SQLite opens it: SQLite gives the -wal and -shm files (which hold
         # the same event payloads) the database file's mode, so a later chmod alone would leave them 0644.
         os.close(os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600))
@@ -66,14 +80,15 @@ class Journal:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(SCHEMA)
         self._migrate()
-        self._counter = self._meta("touch_counter", 0)
-        # Commands are read on the event loop: from this mirror, never from SQLite (see command_index).
-        self._commands = CommandIndex(self._meta("commands_pruned_through", 0))
-        for row in self._db.execute(
-            "SELECT command_id, seq, fingerprint, status, update_frame, kind, touched FROM commands ORDER BY touched"
-        ):
-            frame = bytes(row[4]) if row[4] is not None else None
-            self._commands.put(StoredCommand(row[0], int(row[1]), row[2], row[3], frame, row[5]), int(row[6]))
+        with self._lock, self._tx():
+            self._counter = max(self._meta("touch_counter", 0, lowest=0), self._max_touched())
+            self._commands = CommandIndex(self._meta("commands_pruned_through", 0, lowest=0), self._pruned_ranges())
+            self._load_commands()
+            # Commands whose status row failed its check (now or in an earlier process): never executed
+            # again when the CP resends them (their first execution may have happened), see CommandDesk.
+            self.set_aside_commands = {
+                str(r[0]) for r in self._db.execute("SELECT key FROM set_aside WHERE source = 'commands'")
+            }
         # A second connection for reading event bodies back: in WAL mode it reads committed rows while
         # the writer's commit (and its fsync) is in progress, so a sender re-reading a backlog is never
         # stuck behind a group commit.
@@ -94,38 +109,89 @@ class Journal:
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
+    # -- findings -----------------------------------------------------------------------------------
+    def _found(self, table: str, key: object, reason: str) -> None:
+        if (table, str(key)) not in self._reported:
+            self._reported.add((table, str(key)))
+            with self._findings_lock:
+                self.findings.append(Finding(table, str(key), reason))
+
+    def take_findings(self) -> list[Finding]:
+        with self._findings_lock:
+            out, self.findings = self.findings, []
+        return out
+
+    def _set_aside(
+        self, table: str, key: object, reason: str, values: tuple[object, ...], *, report: bool = True
+    ) -> None:
+        """Keep a copy of a refused row in `set_aside` (inside the caller's transaction); `report`
+        False when the caller has reported it already (the outbox, when it read the row back)."""
+        self._db.execute(
+            "INSERT INTO set_aside(source, key, reason, row) VALUES(?, ?, ?, ?)",
+            (table, str(key), reason, row_blob(values)),
+        )
+        self._db.execute(
+            "DELETE FROM set_aside WHERE id <= (SELECT MAX(id) FROM set_aside) - ?",
+            (SET_ASIDE_KEPT,),
+        )
+        if report:
+            self._found(table, key, reason)
+
     # -- meta ---------------------------------------------------------------------------------------
-    def _meta(self, key: str, default: int) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return int(row[0]) if row else default
+    def _meta(self, key: str, default: int, *, lowest: int | None = None) -> int:
+        """A counter. One that fails its check is reported and replaced by `lowest` when given, else
+        taken as stored (the callers that use it only ever raise it, see `bump_epoch`)."""
+        return self._meta_checked(key, default, lowest=lowest)[0]
+
+    def _meta_checked(self, key: str, default: int, *, lowest: int | None = None) -> tuple[int, bool]:
+        """(value, passed its check): a missing row passes, with `default`."""
+        row = self._db.execute("SELECT value, mac FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return default, True
+        value, mac = row
+        if self.mac.check(mac, "meta", key, value):
+            return int(value), True
+        self._found("meta", key, "mac")
+        if lowest is not None or not isinstance(value, int):
+            return (lowest if lowest is not None else default), False
+        return value, False
 
     def _set_meta(self, key: str, value: int) -> None:
         self._db.execute(
-            "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
+            "INSERT INTO meta(key, value, mac) VALUES(?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, mac = excluded.mac",
+            (key, value, self.mac.of("meta", key, value)),
         )
 
     def bump_epoch(self) -> int:
-        """Increment and return the epoch: 1 for the first process of this state_dir."""
+        """Increment and return the epoch: 1 for the first process of this state_dir. A stored epoch
+        that fails its check may have been lowered (to make ids repeat): it is jumped far above what
+        is stored instead (epochs may have gaps)."""
         with self._lock, self._tx():
-            epoch = self._meta("epoch", 0) + 1
+            stored, ok = self._meta_checked("epoch", 0)
+            epoch = stored + 1 if ok else max(stored, 0) + 1 + EPOCH_JUMP
             self._set_meta("epoch", epoch)
             return epoch
 
     def reserve_seqs(self) -> tuple[int, int]:
         """Reserve the next block of seqs; return (first, end) with end exclusive."""
         with self._lock, self._tx():
-            start = self._meta("seq_reserved", 0) + 1
+            stored, ok = self._meta_checked("seq_reserved", 0)
+            start = max(stored, 0) + 1
+            if not ok:
+                # Edited: the true reservation may be higher than what is stored. Seqs may have gaps
+                # (best-effort events use seqs that are never stored), so jump far above it.
+                start += SEQ_BLOCK * 1024
             top = self._db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
-            if top is not None:
-                start = max(start, int(top) + 1)
+            if isinstance(top, int):
+                start = max(start, top + 1)
             end = start + SEQ_BLOCK
             self._set_meta("seq_reserved", end - 1)
             return start, end
 
     # -- outbox -------------------------------------------------------------------------------------
     def append(self, events: Iterable[JournaledEvent]) -> None:
-        """Write events in one transaction (one fsync: the group commit)."""
+        """Write events in one transaction (tests; the driver's writes go through `commit`)."""
         self.commit(events, ())
 
     def delete(self, seqs: Iterable[int]) -> None:
@@ -136,53 +202,102 @@ class Journal:
         events: Iterable[tuple[int, str, str | None, str, bytes]],
         deleted: Iterable[int],
         reserve_through: int = 0,
+        statuses: Iterable[StoredCommand] = (),
+        set_aside: Iterable[tuple[int, str]] = (),
+        replaced: Iterable[tuple[int, bytes]] = (),
     ) -> None:
-        """Append new events, delete receipted ones and extend the seq reservation to
-        `reserve_through`, in ONE transaction: one fsync for all three, which is what keeps the journal
-        off the event path's critical time at high rates."""
+        """ONE transaction (one fsync) for everything the writer took, in this order: new events, the
+        command statuses whose facts are among them (or need none), deletions of receipted events, rows
+        set aside, cut bodies, and the seq reservation. A status and its `command.finished` therefore
+        become durable together, and the mirror of statuses changes only after the commit."""
         rows = list(events)
         gone = [(s,) for s in deleted]
-        if not rows and not gone and not reserve_through:
+        saved = list(statuses)
+        aside = list(set_aside)
+        cut = list(replaced)
+        if not (rows or gone or reserve_through or saved or aside or cut):
             return
-        with self._lock, self._tx():
-            if reserve_through > self._meta("seq_reserved", 0):
-                self._set_meta("seq_reserved", reserve_through)
-            if rows:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body) VALUES(?, ?, ?, ?, ?)", rows
-                )
-                # A run stops being active in the same transaction that makes its terminal durable, so
-                # a restart can never see an active run whose terminal is already on its way; the
-                # terminal is remembered so the run's command status can mirror it after a restart.
-                ended = [
-                    (kind, terminal_error(body), run_id)
-                    for _, _, run_id, kind, body in rows
-                    if kind in RUN_TERMINAL_KINDS and run_id
-                ]
-                if ended:
-                    self._db.executemany("UPDATE runs SET terminal = ?, error = ? WHERE run_id = ?", ended)
-            if gone:
-                self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
+        crash = CRASH.reached if CRASH.armed else None
+        kinds = (bool(rows), bool(gone or aside), bool(saved))
+        with self._lock:
+            if crash:
+                crash("before", *kinds)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if reserve_through > self._meta("seq_reserved", 0):
+                    self._set_meta("seq_reserved", reserve_through)
+                if rows:
+                    self._insert_events(rows)
+                pruned = self._save_statuses(saved) if saved else None
+                if gone:
+                    self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
+                for seq, reason in aside:
+                    self._set_aside_event(seq, reason, report=False)
+                for seq, body in cut:
+                    self._replace_body(seq, body)
+                if crash:
+                    crash("inside", *kinds)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            if crash:
+                crash("after", *kinds)
+            if saved:
+                self._mirror(saved, pruned)
+
+    def _insert_events(self, rows: list[tuple[int, str, str | None, str, bytes]]) -> None:
+        mac = self.mac.event
+        self._db.executemany(
+            "INSERT OR IGNORE INTO outbox(seq, event_id, run_id, kind, body, mac) VALUES(?, ?, ?, ?, ?, ?)",
+            [(*r, mac(*r)) for r in rows],
+        )
+        # A run stops being active in the same transaction that makes its terminal durable, so a restart
+        # can never see an active run whose terminal is already on its way; the terminal is remembered
+        # so the run's command status can mirror it after a restart.
+        for _, _, run_id, kind, body in rows:
+            if kind in RUN_TERMINAL_KINDS and run_id:
+                self._run_terminal(run_id, kind, terminal_error(body))
+
+    def _set_aside_event(self, seq: int, reason: str, *, report: bool = True) -> None:
+        row = self._db.execute("SELECT seq, event_id, run_id, kind, body FROM outbox WHERE seq = ?", (seq,)).fetchone()
+        if row is not None:
+            self._set_aside("outbox", seq, reason, tuple(row), report=report)
+            self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+
+    def _replace_body(self, seq: int, body: bytes) -> None:
+        """PROTOCOL §4.3's cut form of an oversize event, so every later send carries the same bytes."""
+        row = self._db.execute("SELECT event_id, run_id, kind FROM outbox WHERE seq = ?", (seq,)).fetchone()
+        if row is not None:
+            mac = self.mac.event(seq, row[0], row[1], row[2], body)
+            self._db.execute("UPDATE outbox SET body = ?, mac = ? WHERE seq = ?", (body, mac, seq))
 
     def replace_body(self, seq: int, body: bytes) -> None:
-        """Store the cut form of an oversize journaled event (PROTOCOL §4.3), so every later send,
-        by this process or the next, carries the same bytes under the same event_id."""
-        with self._lock, self._tx():
-            self._db.execute("UPDATE outbox SET body = ? WHERE seq = ?", (body, seq))
+        self.commit((), (), replaced=[(seq, body)])
 
-    def bodies(self, seqs: list[int]) -> dict[int, bytes]:
-        """Bodies of committed events (only committed ones are ever evicted from memory)."""
+    def bodies(self, seqs: list[int]) -> tuple[dict[int, bytes], list[int]]:
+        """Bodies of committed events whose row passes its check, and the seqs whose row does not (to be
+        set aside by the writer). A seq whose row is gone is in neither."""
         with self._reader_lock:
             out: dict[int, bytes] = {}
+            bad: list[int] = []
+            check = self.mac.check_event
             for i in range(0, len(seqs), 500):
                 chunk = seqs[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                for seq, body in self._reader.execute(f"SELECT seq, body FROM outbox WHERE seq IN ({marks})", chunk):
-                    out[int(seq)] = bytes(body)
-            return out
+                for seq, event_id, run_id, kind, body, mac in self._reader.execute(
+                    f"SELECT seq, event_id, run_id, kind, body, mac FROM outbox WHERE seq IN ({marks})", chunk
+                ):
+                    if check(mac, seq, event_id, run_id, kind, body):
+                        out[int(seq)] = body
+                    else:
+                        bad.append(int(seq))
+            return out, bad
 
-    def pending(self) -> Iterator[tuple[int, str, str | None, str, int]]:
+    def pending(self) -> Iterator[EventMeta]:
         """(seq, event_id, run_id, kind, size) of every journaled event, oldest first, without bodies.
+        Their MACs are checked when their bodies are read back to be sent (`bodies`); a row with
+        values of a type the driver never writes is set aside here already.
 
         In chunks by seq: all rows at once peaked at ~300 MB for a million pending events, where the
         outbox keeps ~22 bytes of each."""
@@ -190,32 +305,21 @@ class Journal:
         while True:
             with self._lock:
                 rows = self._db.execute(
-                    "SELECT seq, event_id, run_id, kind, length(body) FROM outbox "
+                    "SELECT seq, event_id, run_id, kind, length(body), typeof(body) FROM outbox "
                     "WHERE seq > ? ORDER BY seq LIMIT 8192",
                     (after,),
                 ).fetchall()
-            for seq, event_id, run_id, kind, size in rows:
-                yield int(seq), str(event_id), run_id, str(kind), int(size)
+                bad = [r for r in rows if not _well_typed(r)]
+                if bad:
+                    with self._tx():
+                        for r in bad:
+                            self._set_aside_event(int(r[0]), "type")
+            for seq, event_id, run_id, kind, size, kind_of_body in rows:
+                if _well_typed((seq, event_id, run_id, kind, size, kind_of_body)):
+                    yield EventMeta(seq, event_id, run_id, kind, size)
             if len(rows) < 8192:
                 return
             after = int(rows[-1][0])
-
-    def has_terminal(self, run_id: str) -> bool:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM outbox WHERE run_id = ? AND kind IN ('run.completed','run.failed','run.cancelled')",
-                (run_id,),
-            ).fetchone()
-        return row is not None
-
-    # -- commands -----------------------------------------------------------------------------------
-    def command(self, command_id: str) -> StoredCommand | None:
-        """From memory: safe on the event loop while a commit holds the connection."""
-        return self._commands.get(command_id)
-
-    def command_kind(self, command_id: str) -> str | None:
-        stored = self.command(command_id)
-        return stored.kind if stored is not None else None
 
     def save_command(
         self,
@@ -229,145 +333,24 @@ class Journal:
         self.save_commands([StoredCommand(command_id, seq, fingerprint, status, update_frame, kind)])
 
     def save_commands(self, commands: list[StoredCommand]) -> None:
-        """Save statuses in ONE transaction (one fsync: the group commit of `CommandSaver`)."""
-        if not commands:
-            return
-        with self._lock:
-            first = self._counter + 1
-            with self._tx():
-                for c in commands:
-                    self._counter += 1
-                    self._db.execute(
-                        "INSERT INTO commands(command_id, seq, fingerprint, status, update_frame, touched, kind) "
-                        "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(command_id) DO UPDATE SET "
-                        "status = excluded.status, update_frame = excluded.update_frame, "
-                        "touched = excluded.touched, kind = coalesce(excluded.kind, commands.kind)",
-                        (c.command_id, c.seq, c.fingerprint, c.status, c.update_frame, self._counter, c.kind),
-                    )
-                self._set_meta("touch_counter", self._counter)
-                # Every 256 saves (once per batch that crosses a multiple of 256).
-                prune = self._counter // 256 > (first - 1) // 256
-                if prune:
-                    # Only rows inside the contiguous terminal prefix are pruned, and the highest pruned
-                    # seq is remembered: `last_command_seq` then knows a missing row below it was pruned,
-                    # not never seen (claiming a never-seen command would stop the CP from resending it).
-                    floor = self._commands.last_terminal_seq()
-                    where = "touched <= ? AND seq <= ? AND status IN ('completed','failed','cancelled')"
-                    args = (self._counter - COMMANDS_KEPT, floor)
-                    top = self._db.execute(f"SELECT MAX(seq) FROM commands WHERE {where}", args).fetchone()[0]
-                    if top is not None:
-                        self._db.execute(f"DELETE FROM commands WHERE {where}", args)
-                        pruned = max(int(top), self._meta("commands_pruned_through", 0))
-                        self._set_meta("commands_pruned_through", pruned)
-            # Committed: now the mirror (under the same lock, so it follows the database's order).
-            for touched, c in enumerate(commands, start=first):
-                self._commands.put(c, touched)
-            if prune:
-                # The commands just saved may be pruned too, so the mirror prunes after the puts.
-                top_gone = self._commands.prune(*args)
-                if top_gone is not None:
-                    self._commands.pruned_through = max(top_gone, self._commands.pruned_through)
-
-    def last_command_seq(self) -> int:
-        """The highest seq such that every command up to it has a terminal status (0 for none).
-
-        Commands are numbered from 1 by the CP; a gap (a seq never seen) stops the scan, because the
-        CP must resend that command. Rows at or below `commands_pruned_through` were pruned from the
-        terminal prefix, so the scan continues above that mark. From memory, like `command()`.
-        """
-        return self._commands.last_terminal_seq()
-
-    # -- runs ---------------------------------------------------------------------------------------
-    def run_started(self, run_id: str, command_id: str, started_at: str) -> None:
-        with self._lock, self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO runs(run_id, command_id, started_at) VALUES(?, ?, ?)",
-                (run_id, command_id, started_at),
-            )
-            # Ended runs are only kept to mirror their terminal into a command status after a restart.
-            self._db.execute(
-                "DELETE FROM runs WHERE terminal IS NOT NULL AND rowid <= (SELECT MAX(rowid) FROM runs) - ?",
-                (RUNS_KEPT,),
-            )
-
-    def run_ended(self, run_id: str) -> None:
-        with self._lock, self._tx():
-            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
-
-    def open_commands(self) -> list[StoredCommand]:
-        """Commands accepted by an earlier process that never reached a terminal status."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT command_id, seq, fingerprint, status, update_frame, kind FROM commands "
-                "WHERE status NOT IN ('completed','failed','cancelled') ORDER BY seq"
-            ).fetchall()
-        return [StoredCommand(r[0], int(r[1]), r[2], r[3], None, r[5]) for r in rows]
-
-    def active_runs(self) -> list[tuple[str, str]]:
-        """Runs started whose terminal was never journaled: (run_id, command_id)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT run_id, command_id FROM runs WHERE terminal IS NULL ORDER BY started_at"
-            ).fetchall()
-        return [(str(r), str(c)) for r, c in rows]
-
-    def ended_run_of(self, command_id: str) -> EndedRun | None:
-        """The run `command_id` started, if its terminal was journaled."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT run_id, command_id, terminal, error FROM runs WHERE command_id = ? AND terminal IS NOT NULL",
-                (command_id,),
-            ).fetchone()
-        if row is None:
-            return None
-        error = msgspec.json.decode(row[3]) if row[3] else None
-        return EndedRun(str(row[0]), str(row[1]), str(row[2]), error if isinstance(error, dict) else None)
-
-    # -- texts and the transcript (PROTOCOL §8) --------------------------------------------------------
-    def text(self, key: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM texts WHERE key = ?", (key,)).fetchone()
-        return str(row[0]) if row else None
-
-    def set_text(self, key: str, value: str | None) -> None:
-        with self._lock, self._tx():
-            if value is None:
-                self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
-            else:
-                self._db.execute(
-                    "INSERT INTO texts(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, value),
-                )
-
-    def transcript(self) -> list[tuple[str, str]]:
-        """(role, text) of the kept transcript, oldest first."""
-        with self._lock:
-            rows = self._db.execute("SELECT role, text FROM transcript ORDER BY id").fetchall()
-        return [(str(r), str(t)) for r, t in rows]
-
-    def transcript_append(self, role: str, text: str, max_bytes: int = TRANSCRIPT_MAX_BYTES) -> None:
-        """Append one message and drop the oldest ones beyond `max_bytes` of text (UTF-8)."""
-        with self._lock, self._tx():
-            self._db.execute("INSERT INTO transcript(role, text) VALUES(?, ?)", (role, text))
-            total = 0
-            keep_from: int | None = None
-            for row_id, size in self._db.execute(
-                "SELECT id, length(CAST(text AS BLOB)) FROM transcript ORDER BY id DESC"
-            ):
-                total += int(size)
-                if total > max_bytes:
-                    keep_from = int(row_id) + 1
-                    break
-            if keep_from is not None:
-                self._db.execute("DELETE FROM transcript WHERE id < ?", (keep_from,))
-
-    def transcript_clear(self) -> None:
-        with self._lock, self._tx():
-            self._db.execute("DELETE FROM transcript")
+        """Save statuses in ONE transaction (tests; the driver's go through `commit`)."""
+        self.commit((), (), statuses=commands)
 
     # -- helpers ------------------------------------------------------------------------------------
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _well_typed(row: tuple[object, ...]) -> bool:
+    seq, event_id, run_id, kind, size, body_type = row
+    return (
+        isinstance(seq, int)
+        and isinstance(event_id, str)
+        and (run_id is None or isinstance(run_id, str))
+        and isinstance(kind, str)
+        and isinstance(size, int)
+        and body_type == "blob"
+    )
 
 
 class _Transaction:

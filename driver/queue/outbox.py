@@ -31,9 +31,11 @@ from driver.protocol.frames import Receipt, Rejection
 from driver.protocol.oversize import shrink_event
 from driver.queue.best_effort import BestEffortBuffer, BestEffortEvent
 from driver.queue.bodies import Bodies
+from driver.queue.command_index import StoredCommand
 from driver.queue.deliveries import Deliveries
 from driver.queue.event_ids import EventIds
 from driver.queue.journal import Journal
+from driver.queue.journal_rows import Finding
 from driver.queue.outbox_types import Batch, FinalRejection, OutboxStats, RetryPolicy, utc_now
 from driver.queue.outbox_writer import Row, Writer
 from driver.queue.pending import IN_FLIGHT, READY, UNSYNCED, PendingIndex
@@ -70,7 +72,7 @@ class Outbox:
         self._ids = EventIds(self.instance_id)
         self._writer = Writer(self.journal, self._journaled, self._check_drained)
         self._deliveries = Deliveries(self._index, self.retry, self.clock, self.best_effort, self.stats)
-        self._bodies = Bodies(self.journal, self.resident_bytes_cap)
+        self._bodies = Bodies(self.journal, self._writer, self.resident_bytes_cap)
         self._terminals: dict[int, str] = {}  # seq → run_id of pending run terminals (a few at most)
         self._origin = self.clock()
         self._sendable = anyio.Event()
@@ -80,6 +82,9 @@ class Outbox:
         self._drain_waiters = 0
         self._waiters = ReceiptWaiters()
         self.local_rejections: list[FinalRejection] = []
+        # Rows that failed their check when read back (set aside, never sent): for the kernel to report.
+        self.findings: list[Finding] = []
+        self.on_findings: Callable[[], None] = lambda: None
         self.link_up = False
         for seq, event_id, run_id, kind, size in self.journal.pending():
             self._ids.recover(seq, event_id)
@@ -101,8 +106,18 @@ class Outbox:
     def _now_cs(self) -> int:
         return int((self.clock() - self._origin) * 100)
 
-    async def admit(self, kind: str, payload: bytes, delivery: Delivery, run_id: str | None) -> str:
-        """Stamp and queue one event; return its event_id. Waits while the outbox is full."""
+    async def save_status(self, status: StoredCommand) -> None:
+        """Journal a command status that has no fact event (`accepted`), through the one writer;
+        return once it is durable."""
+        await self._writer.save_status(status).done.wait()
+
+    async def admit(
+        self, kind: str, payload: bytes, delivery: Delivery, run_id: str | None, status: StoredCommand | None = None
+    ) -> str:
+        """Stamp and queue one event; return its event_id. Waits while the outbox is full.
+
+        With `status` (a command's terminal status, whose fact this event is: PROTOCOL §4.1), both are
+        journaled in ONE transaction and this returns only once they are durable."""
         if delivery == "best_effort":
             seq = await self._writer.next_seq()
             event_id = event_id_for(self.instance_id, self.epoch, seq)
@@ -134,7 +149,10 @@ class Outbox:
         self._index.add(seq, len(body), UNSYNCED, self._now_cs())
         if run_id is not None and kind in RUN_TERMINAL_KINDS:
             self._terminals[seq] = run_id
-        self._writer.append((seq, event_id, run_id, kind, body))
+        saved = self._writer.append((seq, event_id, run_id, kind, body), status)
+        if saved is not None:
+            with anyio.CancelScope(shield=True):  # queued already: the caller learns when it is durable
+                await saved.done.wait()
         return event_id
 
     # -- the writer ---------------------------------------------------------------------------------
@@ -190,11 +208,14 @@ class Outbox:
             picked.append(i)
             size += event_size + 1
             i = states.find(READY, i + 1)
-        loaded = self._bodies.get_many([index.seqs[i] for i in picked])
+        loaded, tampered = self._bodies.get_many([index.seqs[i] for i in picked])
         bodies: list[bytes] = []
         sent: list[int] = []
         for i in picked:
             seq = index.seqs[i]
+            if seq in tampered:
+                self._set_aside(i, "mac")
+                continue
             if (body := loaded.get(seq)) is None:
                 # Gone from the journal under us (nothing of ours deletes a pending event's row): it
                 # can never be sent, by this process or the next. Reported like a final rejection
@@ -224,12 +245,29 @@ class Outbox:
         number, seqs = self._deliveries.start(sent, be)
         return Batch(number, bodies + [encoded for _, encoded in taken], seqs, be)
 
+    def _set_aside(self, i: int, reason: str) -> None:
+        """The row of event `i` failed its check (PROTOCOL §9): never sent, set aside, reported."""
+        seq = self._index.seqs[i]
+        self.findings.append(Finding("outbox", str(seq), reason))
+        log.error("journal.tampered", table="outbox", seq=seq, reason=reason)
+        self._remove(i, "rejected", delete=False)
+        self._writer.set_aside(seq, reason)
+        self._bodies.tampered.discard(seq)
+        self.on_findings()
+
+    def take_findings(self) -> list[Finding]:
+        out, self.findings = self.findings, []
+        return out
+
     def _fit(self, i: int, limit: int) -> bool:
         """PROTOCOL §4.3 for an event journaled larger than a frame may be (an older driver's, or one
         refused with 1009): cut its payload to fit, journal the cut form, and send that from now on.
         When it cannot be cut, reject it finally here, as the CP would (False)."""
         seq, size = self._index.seqs[i], self._index.sizes[i]
         body = self._bodies.get(seq)
+        if body is None and seq in self._bodies.tampered:
+            self._set_aside(i, "mac")
+            return False
         new = shrink_event(body, limit) if body is not None else None
         if new is None:
             message = f"the event is {size} bytes and cannot be cut to {limit}"
@@ -250,8 +288,9 @@ class Outbox:
         seq = self._index.seqs[i]
         event_id = self._ids.of(seq)
         meta = self._bodies.meta(seq)
-        self._remove(i, "rejected")
-        self.journal.delete([seq])  # before it is reported, as for a CP's final rejection
+        # Deleted before it is reported, as for a CP's final rejection: the report is admitted after
+        # this, so the one writer commits the deletion in the same transaction or an earlier one.
+        self._remove(i, "rejected", now=True)
         self.stats.final_rejections += 1
         return FinalRejection(event_id, meta.kind, meta.run_id, Rejection(event_id, code, message, False))
 
@@ -279,12 +318,13 @@ class Outbox:
             if not rej.retryable:
                 seq = index.seqs[i]
                 meta = self._bodies.meta(seq)
-                self._remove(i, "rejected")
-                self.stats.final_rejections += 1
-                finals.append(FinalRejection(event_id, meta.kind, meta.run_id, rej))
                 # Gone from disk before it is reported: a crash right after the report must not make
                 # the next process resend it and report the same final rejection again (rare path).
-                self.journal.delete([seq])
+                # Through the one writer (never on the event loop behind a commit): the report is a
+                # later admission, so its commit is this deletion's or a later one.
+                self._remove(i, "rejected", now=True)
+                self.stats.final_rejections += 1
+                finals.append(FinalRejection(event_id, meta.kind, meta.run_id, rej))
             elif index.states[i] == IN_FLIGHT:
                 self._deliveries.retry_later(i)
         # Events of this batch in neither list were not stored: resend after a backoff (none, when the
@@ -306,7 +346,7 @@ class Outbox:
             return -1
         return i
 
-    def _remove(self, i: int, outcome: str) -> None:
+    def _remove(self, i: int, outcome: str, *, now: bool = False, delete: bool = True) -> None:
         seq = self._index.seqs[i]
         self._index.remove(i)
         self._bodies.drop(seq)
@@ -317,7 +357,8 @@ class Outbox:
         self._ids.forget(seq)
         # At once only for someone waiting for the outbox to be empty on disk; else with the next group
         # commit (outbox_writer.DELETE_FLUSH_S: a receipt costs no transaction of its own).
-        self._writer.delete(seq, now=bool(self._drain_waiters) and not self._index.live)
+        if delete:
+            self._writer.delete(seq, now=now or (bool(self._drain_waiters) and not self._index.live))
         if self._space_waiters and not self._full():
             self._space.set()
 

@@ -35,13 +35,33 @@ CREATE TABLE IF NOT EXISTS transcript (
     role TEXT NOT NULL,
     text TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS set_aside (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    source TEXT NOT NULL,
+    key TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    row BLOB
+);
 """
 # Columns added after the first release: (table, column, declaration), applied when missing.
 MIGRATIONS = (
     ("runs", "terminal", "TEXT"),
     ("runs", "error", "TEXT"),
     ("commands", "kind", "TEXT"),
+    # Journal rows are authenticated (PROTOCOL §9, driver/queue/rowmac.py): a row without a MAC (an
+    # older driver's, or one an agent inserted) never passes the check.
+    ("meta", "mac", "BLOB"),
+    ("outbox", "mac", "BLOB"),
+    ("commands", "mac", "BLOB"),
+    ("runs", "mac", "BLOB"),
+    ("texts", "mac", "BLOB"),
+    ("transcript", "mac", "BLOB"),
 )
+# Set-aside rows kept for an operator to look at, at most this many (the oldest go first).
+SET_ASIDE_KEPT = 10_000
+# Pruned command seqs above the contiguous pruned prefix, as (first, last) ranges, at most this many
+# (beyond it the highest ranges are forgotten: `last_command_seq` then under-claims, never over-claims).
+PRUNED_RANGES_KEPT = 1024
 
 RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later

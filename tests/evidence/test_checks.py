@@ -219,3 +219,26 @@ def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.Cap
         main(argv)
     assert exc.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_hole_inside_an_epoch_breaks_the_durable_prefix() -> None:
+    """PROTOCOL §4.1: a newer step of an epoch stored without an older one of the same epoch fails, even
+    when a later epoch filled the step in (the run's steps then look whole)."""
+
+    def step(seq: int, n: int, epoch: int = 1) -> dict[str, Any]:
+        return ev(seq, "plan.updated", epoch=epoch, entries=[{"content": f"step {n}", "status": "pending"}])
+
+    good = [ev(1, "run.started"), step(2, 0), step(3, 1), step(4, 2)]
+    acc = checks.account(good, good)
+    assert acc.prefix_holes == [] and acc.measured()["durable_prefix_per_epoch"] is True
+    holed = [good[0], good[1], good[3], step(9, 1, epoch=2)]
+    acc = checks.account(holed, holed)
+    assert acc.prefix_holes == ["run-1 epoch 1 steps [1]"]
+    assert acc.measured()["durable_prefix_per_epoch"] is False
+    assert any("not a prefix" in f for f in acc.failures())
+
+
+def test_the_unjournaled_bound_counts_the_window_and_the_pipe() -> None:
+    bound = checks.unjournaled_bound(1000.0, 4 * 1024 * 1024, 128 * 1024, 300)
+    assert bound == 4194 + 436 + 1
+    assert checks.unjournaled_bound(0.0, 10, 10, 0) == 10 + 10 + 1  # never a division by zero

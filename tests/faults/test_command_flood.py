@@ -28,9 +28,9 @@ from tests.integration.harness import INSTANCE, control_plane
 pytestmark = pytest.mark.faults
 
 # Growth of the driver's resident set per 10,000 flood commands (measured: see docs/protocol.md). The
-# flood's seqs leave a gap after the CP's own, and the journal keeps every command above a gap (pruning
-# stops there by design: `last_command_seq` must never claim a command it did not see), so the growth is
-# proportional to the number of distinct commands: ~1.3 KiB each.
+# flood's seqs leave a gap after the CP's own; the journal used to keep every command above a gap, so
+# the bound was set at ~1.3 KiB per distinct command. Pruning now goes by age above a gap too (pruned
+# ranges keep `last_command_seq` from claiming the gap), so the bound is loose.
 RSS_BOUND_MIB_PER_10K = 32
 
 

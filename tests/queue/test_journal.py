@@ -79,7 +79,7 @@ def test_events_survive_reopen_in_seq_order_with_bodies(journal: Journal) -> Non
     assert [p[0] for p in j.pending()] == [1, 2, 3]
     seq, event_id, run_id, kind, size = next(j.pending())
     assert (seq, event_id, run_id, kind, size) == (1, "drv/1/000001", "run-1", "message.completed", len(b'{"seq":1}'))
-    assert j.bodies([2, 3]) == {2: b'{"seq":2}', 3: b'{"seq":3}'}
+    assert j.bodies([2, 3]) == ({2: b'{"seq":2}', 3: b'{"seq":3}'}, [])
     j.delete([1, 3])
     assert [p[0] for p in j.pending()] == [2]
     j.close()
@@ -174,13 +174,22 @@ def test_pruning_keeps_at_least_1024_terminal_statuses(journal: Journal) -> None
     j.close()
 
 
-def test_pruning_only_takes_the_terminal_prefix(journal: Journal) -> None:
-    """A gap below must survive pruning, or a later scan could jump over a command never seen."""
+def test_pruning_goes_on_above_a_missing_seq_and_never_jumps_the_gap(journal: Journal) -> None:
+    """Issue 19 item 6: a seq the CP never sent must not stop pruning (the table would grow for ever),
+    and what is pruned above it must not let `last_command_seq` jump over the command never seen."""
     journal.save_command("c1", 1, "f", "completed", b"{}")
-    for seq in range(3, COMMANDS_KEPT + 600):
+    top = COMMANDS_KEPT * 3
+    for seq in range(3, top + 1):
         journal.save_command(f"c{seq}", seq, "f", "completed", b"{}")
-    assert journal.last_command_seq() == 1
-    assert journal.command("c3") is not None
+    assert journal.last_command_seq() == 1  # seq 2 was never seen: the CP must resend it
+    assert journal.command("c3") is None  # pruned although above the gap
+    count = journal._db.execute("SELECT COUNT(*) FROM commands").fetchone()[0]
+    assert count <= COMMANDS_KEPT + 256
+    j = reopen(journal)  # the pruned ranges are durable
+    assert j.last_command_seq() == 1
+    j.save_command("c2", 2, "f", "completed", b"{}")  # the gap is filled: the scan steps over the pruned
+    assert j.last_command_seq() == top
+    j.close()
 
 
 def test_pruning_never_removes_a_non_terminal_command(journal: Journal) -> None:
@@ -305,7 +314,9 @@ def test_an_older_journal_is_migrated(tmp_path: Path) -> None:
     db.commit()
     db.close()
     j = Journal(path)
-    assert j.active_runs() == [("run-0", "cmd-0")]
+    # Rows of a driver before MACs cannot be told from an agent's: set aside and reported, never acted on.
+    assert j.active_runs() == []
+    assert [(f.table, f.key, f.reason) for f in j.take_findings()] == [("runs", "run-0", "mac")]
     j.save_command("cmd-0", 1, "fp", "accepted", None, "input.start")
     assert j.command_kind("cmd-0") == "input.start"
     j.close()

@@ -38,9 +38,9 @@ def recorded(journal: Journal) -> tuple[list[Commit], anyio.Event]:
     alone = anyio.Event()
     real = journal.commit
 
-    def commit(events: object, deleted: object, reserve_through: int = 0) -> None:
+    def commit(events: object, deleted: object, reserve_through: int = 0, *rest: object) -> None:
         rows, gone = list(events), list(deleted)  # type: ignore[call-overload]
-        real(rows, gone, reserve_through)
+        real(rows, gone, reserve_through, *rest)  # type: ignore[arg-type]
         commits.append(([r[0] for r in rows], gone))
         if gone and not rows:
             anyio.from_thread.run_sync(alone.set)  # the writer commits in a worker thread

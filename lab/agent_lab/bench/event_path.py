@@ -77,8 +77,8 @@ class DriverSide:
         """Record, per event id, when its `emit` began and when its receipt was applied."""
         admit, on_receipt = self.outbox.admit, self.outbox.on_receipt
 
-        async def timed_admit(kind: str, payload: bytes, delivery: Any, run_id: str | None) -> str:
-            event_id = await admit(kind, payload, delivery, run_id)
+        async def timed_admit(kind: str, payload: bytes, delivery: Any, run_id: str | None, *rest: Any) -> str:
+            event_id = await admit(kind, payload, delivery, run_id, *rest)  # rest: a command status
             if self._recording:
                 self.emitted[event_id] = self.emit_started[0]
             return event_id
@@ -90,7 +90,7 @@ class DriverSide:
                     self.receipted[event_id] = now
             return on_receipt(receipt)
 
-        self.outbox.admit = timed_admit  # type: ignore[method-assign]
+        self.outbox.admit = timed_admit  # type: ignore[method-assign,assignment]
         self.outbox.on_receipt = timed_receipt  # type: ignore[method-assign]
 
     async def run(self, body: Callable[[DriverSide], Any]) -> Any:

@@ -34,6 +34,9 @@ class Accounting:
     lost: list[str] = field(default_factory=list)  # why each loss counts (an id, or a hole)
     duplicated: list[str] = field(default_factory=list)
     resent_ids: int = 0  # ids received more than once (resends: allowed, must be stored once)
+    # PROTOCOL §4.1: within an epoch the durable events are a prefix of the admitted ones; a hole in
+    # an epoch's run of flood steps (a newer step stored, an older one of the same epoch not) breaks it.
+    prefix_holes: list[str] = field(default_factory=list)
 
     def measured(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class Accounting:
             "lossless_lost": len(self.lost),
             "lossless_duplicated": len(self.duplicated),
             "resent_ids": self.resent_ids,
+            "durable_prefix_per_epoch": not self.prefix_holes,
         }
 
     def failures(self) -> list[str]:
@@ -50,6 +54,8 @@ class Accounting:
             out.append(f"{len(self.lost)} lossless event(s) lost: {', '.join(self.lost[:3])}")
         if self.duplicated:
             out.append(f"{len(self.duplicated)} lossless event(s) stored twice: {', '.join(self.duplicated[:3])}")
+        if self.prefix_holes:
+            out.append(f"durable events not a prefix within an epoch: {', '.join(self.prefix_holes[:3])}")
         return out
 
 
@@ -104,12 +110,37 @@ def account(received: Iterable[Event], stored: Sequence[Event], *, open_runs_ok:
     steps_by_run: dict[Any, list[int]] = defaultdict(list)
     for e in ll:
         steps_by_run[e.get("run_id")].extend(flood_steps([e]))
+    acc.prefix_holes += epoch_prefix_holes(ll)
     for run_id, got in steps_by_run.items():
         counts = Counter(got)
         acc.duplicated += [f"{run_id} step {s}" for s, n in counts.items() if n > 1]
         if got:
             acc.lost += [f"{run_id} step {s} (hole)" for s in range(max(got)) if s not in counts]
     return acc
+
+
+def epoch_prefix_holes(lossless: Iterable[Event]) -> list[str]:
+    """Holes inside one epoch's flood steps of a run, in seq order: the agent numbers its steps in
+    admission order, so within an epoch the stored ones must be consecutive."""
+    by: dict[tuple[str, Any, Any], list[tuple[int, int]]] = defaultdict(list)
+    for e in lossless:
+        for step in flood_steps([e]):
+            by[(_instance(e), e.get("epoch"), e.get("run_id"))].append((int(e["seq"]), step))
+    out = []
+    for (_, epoch, run_id), pairs in by.items():
+        got = [step for _, step in sorted(pairs)]
+        expected = list(range(got[0], got[0] + len(got)))
+        if got != expected:
+            missing = sorted(set(expected) - set(got))[:3] or got[:3]
+            out.append(f"{run_id} epoch {epoch} steps {missing}")
+    return out
+
+
+def unjournaled_bound(step_bytes: float, unsynced_max_bytes: int, pipe_bytes: int, acp_step_bytes: int) -> int:
+    """The most flood steps a SIGKILL may lose by design: what fits in the outbox's admitted-not-
+    journaled window (its byte cap over the lossless bytes of a step), plus what the provider's pipe
+    and the driver's reader can hold unread."""
+    return int(unsynced_max_bytes / max(step_bytes, 1.0)) + pipe_bytes // max(acp_step_bytes, 1) + 1
 
 
 def _instance(event: Event) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from agent_lab.evidence import checks
 from agent_lab.evidence.report import Case, Claim, judged
@@ -22,6 +23,11 @@ from agent_lab.evidence.rig import Rig, Sandbox, descendants, reap
 from agent_lab.testing import agents
 
 TOOL = "[[shell:sleep 1; echo ev-tool-done]]"
+# What can sit unread between the flood agent and the driver: the pipe (64 KiB on Linux) and the
+# driver's stream reader buffer (64 KiB), over the bytes of one step on the ACP wire (a plan update and
+# a message chunk, JSON-RPC framed: measured ~420 bytes; 300 keeps the bound generous).
+PIPE_BYTES = 2 * 64 * 1024
+ACP_STEP_BYTES = 300
 FLOOD = agents.FLOOD
 
 
@@ -93,25 +99,38 @@ async def flood_sigkill(rig: Rig, base: Path) -> Case:
     term = await rig.terminal(instance, "run-flood", timeout=60)
     drained = await rig.settle(instance, timeout=60)
     acc = _history(rig, instance)
-    stored_steps = len(checks.flood_steps(rig.cp.events(instance, run_id="run-flood")))
+    run_events = rig.cp.events(instance, run_id="run-flood")
+    stored_steps = len(checks.flood_steps(run_events))
+    from driver.queue.outbox import UNSYNCED_MAX_BYTES
+
+    # The lossless bytes of a step as journaled (plan.updated, message.completed, message.started).
+    lossless_bytes = sum(len(msgspec.json.encode(e)) for e in run_events if e.get("delivery") == "lossless")
+    bound = checks.unjournaled_bound(
+        lossless_bytes / max(stored_steps, 1), UNSYNCED_MAX_BYTES, PIPE_BYTES, ACP_STEP_BYTES
+    )
     measured = {
         **acc.measured(),
         "steps_emitted_by_agent": emitted,
         "steps_stored": stored_steps,
         "lost_unjournaled": max(0, emitted - stored_steps),
+        "lost_unjournaled_bound": bound,
         "run": checks.run_outcome(term),
         "outbox_drained": drained,
     }
     failures = acc.failures()
     if measured["run"] != "run.failed{driver.restarted}":
         failures.append(f"the killed run ended {measured['run']}")
+    if measured["lost_unjournaled"] > bound:
+        failures.append(f"lost_unjournaled {measured['lost_unjournaled']} exceeds its bound {bound}")
     return judged(
         "SIGKILL inside the group-commit window (flood)",
         measured,
         failures,
         "flood agent emitting as fast as it can; driver SIGKILLed after step 300 was stored; restarted on "
         "the same state_dir. lost_unjournaled = steps the agent wrote minus steps stored: admitted but "
-        "not yet journaled, or still in the pipe (allowed by PROTOCOL §4.1's group commit)",
+        "not yet journaled, or still in the pipe (allowed by PROTOCOL §4.1's group commit); its bound = the "
+        "outbox's unjournaled byte cap (4 MiB) over a step's lossless bytes, plus the pipe and reader "
+        "buffers (128 KiB) over a step's ACP bytes; durable_prefix_per_epoch = no hole inside an epoch",
     )
 
 

@@ -1,0 +1,183 @@
+"""The journal's rare writes and reads: runs, texts (the native ref and markers) and the transcript.
+
+A mixin of `Journal` (same connection, lock and MAC), apart so each module keeps one job. Every row is
+authenticated like the outbox's: a row that fails its check is set aside, reported, and treated as
+absent (a run never started, no native ref, a message never said).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from driver.queue.schema import RUNS_KEPT, TRANSCRIPT_MAX_BYTES
+
+if TYPE_CHECKING:
+    from driver.queue.journal import _Transaction
+    from driver.queue.rowmac import RowMac
+
+
+class EndedRun(msgspec.Struct, frozen=True):
+    """A run whose terminal was journaled: its kind and, for `run.failed`, the error payload."""
+
+    run_id: str
+    command_id: str
+    terminal: str
+    error: dict[str, object] | None
+
+
+class JournalState:
+    _db: sqlite3.Connection
+    _lock: threading.Lock
+    mac: RowMac
+
+    if TYPE_CHECKING:
+
+        def _tx(self) -> _Transaction: ...
+        def _set_aside(self, table: str, key: object, reason: str, values: tuple[object, ...]) -> None: ...
+
+    # -- runs ---------------------------------------------------------------------------------------
+    def _run_mac(
+        self, run_id: object, command_id: object, started_at: object, terminal: object, error: object
+    ) -> bytes:
+        return self.mac.of("runs", run_id, command_id, started_at, terminal, error)  # type: ignore[arg-type]
+
+    def run_started(self, run_id: str, command_id: str, started_at: str) -> None:
+        with self._lock, self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO runs(run_id, command_id, started_at, mac) VALUES(?, ?, ?, ?)",
+                (run_id, command_id, started_at, self._run_mac(run_id, command_id, started_at, None, None)),
+            )
+            # Ended runs are only kept to mirror their terminal into a command status after a restart.
+            self._db.execute(
+                "DELETE FROM runs WHERE terminal IS NOT NULL AND rowid <= (SELECT MAX(rowid) FROM runs) - ?",
+                (RUNS_KEPT,),
+            )
+
+    def _run_terminal(self, run_id: str, terminal: str, error: str | None) -> None:
+        """Inside the commit that journals the run's terminal event."""
+        row = self._db.execute("SELECT command_id, started_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return
+        mac = self._run_mac(run_id, row[0], row[1], terminal, error)
+        self._db.execute(
+            "UPDATE runs SET terminal = ?, error = ?, mac = ? WHERE run_id = ?", (terminal, error, mac, run_id)
+        )
+
+    def run_ended(self, run_id: str) -> None:
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
+    def _runs(self, where: str, args: tuple[object, ...]) -> list[tuple[str, str, str, str | None, str | None]]:
+        """Rows of `runs` that pass their check; the others are set aside."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT run_id, command_id, started_at, terminal, error, mac FROM runs WHERE {where}", args
+            ).fetchall()
+            good: list[tuple[object, ...]] = []
+            bad: list[tuple[object, ...]] = []
+            for r in rows:
+                (good if self.mac.check(r[5], "runs", *r[:5]) else bad).append(r)
+            if bad:
+                with self._tx():
+                    for r in bad:
+                        self._set_aside("runs", r[0], "mac", tuple(r[:5]))
+                        self._db.execute("DELETE FROM runs WHERE run_id = ?", (r[0],))
+        return [tuple(r[:5]) for r in good]  # type: ignore[misc]
+
+    def active_runs(self) -> list[tuple[str, str]]:
+        """Runs started whose terminal was never journaled: (run_id, command_id)."""
+        rows = self._runs("terminal IS NULL ORDER BY started_at", ())
+        return [(r[0], r[1]) for r in rows]
+
+    def ended_run_of(self, command_id: str) -> EndedRun | None:
+        """The run `command_id` started, if its terminal was journaled."""
+        rows = self._runs("command_id = ? AND terminal IS NOT NULL", (command_id,))
+        if not rows:
+            return None
+        run_id, cid, _, terminal, raw = rows[0]
+        try:
+            error = msgspec.json.decode(raw) if raw else None
+        except msgspec.DecodeError:
+            error = None
+        return EndedRun(run_id, cid, str(terminal), error if isinstance(error, dict) else None)
+
+    def has_terminal(self, run_id: str) -> bool:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, event_id, run_id, kind, body, mac FROM outbox "
+                "WHERE run_id = ? AND kind IN ('run.completed','run.failed','run.cancelled')",
+                (run_id,),
+            ).fetchall()
+        return any(self.mac.check_event(r[5], *r[:5]) for r in rows)
+
+    # -- texts (PROTOCOL §8) ----------------------------------------------------------------------------
+    def _text_checked(self, key: str) -> str | None:
+        """The text under `key` (the caller holds the lock, inside a transaction when it may set aside)."""
+        row = self._db.execute("SELECT value, mac FROM texts WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if self.mac.check(row[1], "texts", key, row[0]):
+            return str(row[0])
+        self._set_aside("texts", key, "mac", (key, row[0]))
+        self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
+        return None
+
+    def _set_text_row(self, key: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO texts(key, value, mac) VALUES(?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, mac = excluded.mac",
+            (key, value, self.mac.of("texts", key, value)),
+        )
+
+    def text(self, key: str) -> str | None:
+        with self._lock, self._tx():
+            return self._text_checked(key)
+
+    def set_text(self, key: str, value: str | None) -> None:
+        with self._lock, self._tx():
+            if value is None:
+                self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
+            else:
+                self._set_text_row(key, value)
+
+    # -- the transcript (PROTOCOL §8) ---------------------------------------------------------------
+    def transcript(self) -> list[tuple[str, str]]:
+        """(role, text) of the kept transcript, oldest first (rows that fail their check left out)."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, role, text, mac FROM transcript ORDER BY id").fetchall()
+            bad = [r for r in rows if not self.mac.check(r[3], "transcript", r[0], r[1], r[2])]
+            if bad:
+                with self._tx():
+                    for r in bad:
+                        self._set_aside("transcript", r[0], "mac", tuple(r[:3]))
+                        self._db.execute("DELETE FROM transcript WHERE id = ?", (r[0],))
+        gone = {r[0] for r in bad}
+        return [(str(r[1]), str(r[2])) for r in rows if r[0] not in gone]
+
+    def transcript_append(self, role: str, text: str, max_bytes: int = TRANSCRIPT_MAX_BYTES) -> None:
+        """Append one message and drop the oldest ones beyond `max_bytes` of text (UTF-8)."""
+        with self._lock, self._tx():
+            top = self._db.execute("SELECT MAX(id) FROM transcript").fetchone()[0]
+            seq_row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'transcript'").fetchone()
+            row_id = max(top if isinstance(top, int) else 0, int(seq_row[0]) if seq_row else 0) + 1
+            self._db.execute(
+                "INSERT INTO transcript(id, role, text, mac) VALUES(?, ?, ?, ?)",
+                (row_id, role, text, self.mac.of("transcript", row_id, role, text)),
+            )
+            total = 0
+            keep_from: int | None = None
+            for rid, size in self._db.execute("SELECT id, length(CAST(text AS BLOB)) FROM transcript ORDER BY id DESC"):
+                total += int(size)
+                if total > max_bytes:
+                    keep_from = int(rid) + 1
+                    break
+            if keep_from is not None:
+                self._db.execute("DELETE FROM transcript WHERE id < ?", (keep_from,))
+
+    def transcript_clear(self) -> None:
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM transcript")
