@@ -17,13 +17,14 @@ ALL: tuple[str, ...] = (
     "host_tools",
     "file_change",
     "session_state",  # session.mode.updated / session.config.updated / session.commands.updated
+    "reattach",  # PROTOCOL §8.2: a run in flight survives its driver (with execution.reattach_grace_ms)
 )
 
 _STREAMS = frozenset({"text_stream", "thinking_stream", "tool_stream", "permission_request", "native_resume", "usage"})
 
 BY_RUNTIME: dict[str, frozenset[str]] = {
     "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
-    "openai-app-server": _STREAMS | {"host_tools", "file_change"},
+    "openai-app-server": _STREAMS | {"host_tools", "file_change", "reattach"},
     "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
 }
 

@@ -42,6 +42,9 @@ class Run:
     # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
     # so a control plane that sees the cancel completed also has the terminal stored.
     receipted: anyio.Event = field(default_factory=anyio.Event)
+    # A run continued by a new driver process (PROTOCOL §8.2): decides which re-derived events are
+    # admitted (driver.reattach.ReplayGate); None for every other run.
+    replay: Any = None
 
 
 def declined_tool_events(run: Run, rejected: set[str]) -> list[tuple[str, dict[str, Any]]]:

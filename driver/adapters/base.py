@@ -109,6 +109,13 @@ class Adapter(abc.ABC):
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         """Run one turn to its end, emitting events through the ports. Raise ProviderError on failure."""
 
+    async def resume(self, run_id: str) -> TurnOutcome:
+        """Continue the turn of `run_id` that a dead driver process left running under a keeper
+        (PROTOCOL §8.2), to its end. The default: this adapter cannot, and says so."""
+        raise ProviderError(
+            "driver.restarted", "the driver process died while this run was active (no reattach)", retryable=True
+        )
+
     @abc.abstractmethod
     async def cancel(self) -> None:
         """Ask the provider to interrupt the active turn (Codex turn/interrupt, Claude interrupt(),

@@ -40,6 +40,9 @@ class DeferredAdapter(Adapter):
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         return await (await self._load()).run(run_id, run_input)
 
+    async def resume(self, run_id: str) -> TurnOutcome:
+        return await (await self._load()).resume(run_id)
+
     async def cancel(self) -> None:
         if self.inner is not None:
             await self.inner.cancel()

@@ -132,6 +132,9 @@ class Kernel:
         self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
         self.capabilities = capabilities_of(boot.execution.runtime)
+        if "reattach" in self.capabilities and boot.execution.reattach_grace_ms <= 0:
+            # PROTOCOL §8.2: reattach is off unless the boot payload gives a grace.
+            self.capabilities = self.capabilities - {"reattach"}
         if assemble:
             self.assemble()
             self.ready.set()  # no `serve`-driven start: nothing to wait for
@@ -195,6 +198,13 @@ class Kernel:
                     run.tool_status[str(payload.get("tool_call_id"))] = str(payload.get("status", ""))
         elif kind == "host_tool.called":
             run_id = payload.get("run_id")
+        replay = run.replay if run is not None and run_id == run.run_id else None
+        if replay is not None and not replay.admits(kind, spec.delivery):
+            # Re-derived after a reattach: journaled already, or best-effort the predecessor may have
+            # sent (counted as dropped: at most once). driver/reattach.py.
+            if spec.delivery == "best_effort":
+                self.outbox.best_effort.count_drop(run_id)
+            return None
         if kind in _OBSERVED:
             await self.provider.observe(kind, payload)
         self.telemetry.observe(kind, payload)

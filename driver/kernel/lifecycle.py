@@ -37,7 +37,13 @@ class Lifecycle:
         k = self.k
         journal = k.journal
         active = journal.active_runs()
+        from driver.kernel import keep
+
+        resumed = await keep.prepare(k, active)
         for run_id, command_id in active:
+            if (run_id, command_id) == resumed:
+                k.spawn(keep.resume_run, k, run_id, command_id)  # PROTOCOL §8.2: the run continues
+                continue
             event_id = await k.runs.emit_for_run(
                 run_id,
                 "run.failed",

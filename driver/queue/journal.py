@@ -23,6 +23,7 @@ import msgspec
 from driver.queue.command_index import CommandIndex, StoredCommand
 from driver.queue.schema import (
     COMMANDS_KEPT,
+    DERIVED_KINDS,
     MIGRATIONS,
     RUN_TERMINAL_KINDS,
     RUNS_KEPT,
@@ -161,6 +162,14 @@ class Journal:
                 ]
                 if ended:
                     self._db.executemany("UPDATE runs SET terminal = ?, error = ? WHERE run_id = ?", ended)
+                derived: dict[str, int] = {}
+                for _, _, run_id, kind, _ in rows:
+                    if run_id and kind in DERIVED_KINDS:
+                        derived[run_id] = derived.get(run_id, 0) + 1
+                if derived:
+                    self._db.executemany(
+                        "UPDATE runs SET derived = derived + ? WHERE run_id = ?", [(n, r) for r, n in derived.items()]
+                    )
             if gone:
                 self._db.executemany("DELETE FROM outbox WHERE seq = ?", gone)
 
@@ -310,6 +319,12 @@ class Journal:
                 "SELECT run_id, command_id FROM runs WHERE terminal IS NULL ORDER BY started_at"
             ).fetchall()
         return [(str(r), str(c)) for r, c in rows]
+
+    def derived_count(self, run_id: str) -> int:
+        """How many lossless events derived from provider output the run has journaled (reattach)."""
+        with self._lock:
+            row = self._db.execute("SELECT derived FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0]) if row else 0
 
     def ended_run_of(self, command_id: str) -> EndedRun | None:
         """The run `command_id` started, if its terminal was journaled."""
