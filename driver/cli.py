@@ -16,6 +16,7 @@ EX_TEMPFAIL = 75  # as for 4409: another process owns this instance's state_dir
 class RunArgs(NamedTuple):
     boot_file: str | None = None
     log_level: str = "info"
+    handover: bool = False  # take the state_dir over from its running driver (driver/handover.py)
 
 
 def _run_args(argv: list[str]) -> RunArgs | None:
@@ -26,14 +27,18 @@ def _run_args(argv: list[str]) -> RunArgs | None:
         return None
     values = {"--boot-file": None, "--log-level": "info"}
     rest = argv[1:]
+    handover = False
     while rest:
         flag, _, inline = rest.pop(0).partition("=")
+        if flag == "--handover" and not inline:
+            handover = True
+            continue
         if flag not in values or (not inline and not rest):
             return None
         values[flag] = inline or rest.pop(0)
     if values["--log-level"] not in LOG_LEVELS:
         return None  # argparse names the bad level and the choices
-    return RunArgs(values["--boot-file"], values["--log-level"] or "info")
+    return RunArgs(values["--boot-file"], values["--log-level"] or "info", handover)
 
 
 def _run(args: RunArgs | argparse.Namespace) -> int:
@@ -71,7 +76,12 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
     try:
-        lock = statelock.acquire(Path(payload.session.state_dir))
+        if getattr(args, "handover", False):
+            from driver.handover import take_over
+
+            lock = take_over(Path(payload.session.state_dir))
+        else:
+            lock = statelock.acquire(Path(payload.session.state_dir))
     except statelock.StateDirLocked as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return EX_TEMPFAIL
@@ -139,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the driver (the sandbox entrypoint)")
     run.add_argument("--boot-file", help="path of the one-time boot payload (or AGENT_DRIVER_BOOT_FILE)")
     run.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    run.add_argument(
+        "--handover",
+        action="store_true",
+        help="take the state_dir over from the driver running on it: it hands its kept provider over and exits",
+    )
     dev = sub.add_parser("dev", help="the driver with an embedded reference control plane and a terminal chat")
     dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
     dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")

@@ -175,10 +175,12 @@ class _Stdout(anyio.abc.ByteReceiveStream):
         self._receive = receive
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
+        await self._owner._unless_detached()
         try:
             chunk = await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise anyio.EndOfStream from None
+        await self._owner._unless_detached()  # the successor reads this chunk again, from the log
         self._owner._delivered(chunk)
         return chunk
 
@@ -212,6 +214,7 @@ class KeptProcess:
         self._lines: collections.deque[str] = collections.deque(maxlen=_MAX_TAIL_LINES)
         self._partial = ""
         self._terminated = False
+        self._detached = False
         self._bwrap: anyio.abc.Process | None = None
         send, receive = anyio.create_memory_object_stream[bytes](64)
         self._out_send = send
@@ -338,7 +341,12 @@ class KeptProcess:
 
     # -- the socket ----------------------------------------------------------------------------------
 
+    async def _unless_detached(self) -> None:
+        if self._detached:
+            await anyio.sleep_forever()
+
     async def _send(self, kind: bytes, payload: bytes = b"") -> None:
+        await self._unless_detached()
         async with self._lock:
             try:
                 await self._stream.send(HEADER.pack(kind[0], len(payload)) + payload)
@@ -368,10 +376,12 @@ class KeptProcess:
         ):
             pass
         finally:
-            if self.returncode_raw is None:
-                self.returncode_raw = -signal.SIGKILL  # the keeper went away without a word
-            self._out_send.close()
-            self.exited.set()
+            # Handed over: nothing here may look like the provider ending.
+            if not self._detached:
+                if self.returncode_raw is None:
+                    self.returncode_raw = -signal.SIGKILL  # the keeper went away without a word
+                self._out_send.close()
+                self.exited.set()
 
     def _delivered(self, chunk: bytes) -> None:
         start = self.consumed
@@ -418,6 +428,12 @@ class KeptProcess:
         assert self.returncode_raw is not None
         return self.returncode_raw
 
+    def group_ids(self) -> list[int]:
+        """The groups the kernel signals: the provider's (SIGTERM reaches it) and the keeper's bwrap,
+        whose SIGKILL goes to the namespace's pid 1, the keeper (`containment.kill_group`), and so ends
+        every process in the namespace, those that left the provider's group included."""
+        return [self.pgid, self.record.bwrap_pid] if self.record.alive() else [self.pgid]
+
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
@@ -445,9 +461,10 @@ class KeptProcess:
         return code
 
     def detach(self) -> None:
-        """Leave the keeper running for a successor (the handover): close our end only."""
+        """Leave the keeper running for a successor (the handover): from now on nothing is read or
+        written, and nothing ends; the connection closes with this process."""
         self._terminated = True
-        self._task.cancel()
+        self._detached = True
 
 
 async def _read_frame(stream: BufferedByteReceiveStream) -> tuple[int, bytes]:

@@ -129,6 +129,11 @@ class Adapter(abc.ABC):
     async def stop(self) -> None:
         """Stop the provider process(es); idempotent; never raises for an already-dead provider."""
 
+    def detach(self) -> bool:
+        """Leave the provider running for a successor driver process (the handover, PROTOCOL §8.2):
+        stop reading it without ending it. False (the default) when it is not kept by a keeper."""
+        return False
+
     def process_group_ids(self) -> list[int]:
         """Process groups the kernel may SIGTERM/SIGKILL when an interrupt is not honoured in time."""
         return []

@@ -80,6 +80,8 @@ class CodexAdapter(Adapter):
         return self._thread_id
 
     def process_group_ids(self) -> list[int]:
+        if isinstance(self._proc, KeptProcess) and self._proc.returncode is None:
+            return self._proc.group_ids()
         return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
 
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
@@ -237,6 +239,15 @@ class CodexAdapter(Adapter):
 
     def stderr_tail(self) -> str:
         return self._proc.stderr_tail() if self._proc is not None else ""
+
+    def detach(self) -> bool:
+        proc = self._proc
+        if not isinstance(proc, KeptProcess):
+            return False
+        # Freeze, do not close: a closed stream would end the run in flight as a crash. What the keeper
+        # logs from now on is the successor's to read.
+        proc.detach()
+        return True
 
     async def stop(self) -> None:
         proc = self._proc

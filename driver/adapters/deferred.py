@@ -54,6 +54,9 @@ class DeferredAdapter(Adapter):
         if self.inner is not None:
             await self.inner.stop()
 
+    def detach(self) -> bool:
+        return self.inner.detach() if self.inner is not None else False
+
     def process_group_ids(self) -> list[int]:
         return self.inner.process_group_ids() if self.inner is not None else []
 

@@ -126,14 +126,14 @@ class Kernel:
         self.ready = anyio.Event()  # ... and recovery is done: the link's hooks may go on
         self.last_activity = time.monotonic()
         self.stopping = False
+        self.handed_over = False  # set by a handover (driver/kernel/keep.py): this process emits no more
         self.link: Link | None = None
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES  # until a welcome says otherwise (§4.3)
         self._tg: anyio.abc.TaskGroup | None = None
         self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
         self.capabilities = capabilities_of(boot.execution.runtime)
-        if "reattach" in self.capabilities and boot.execution.reattach_grace_ms <= 0:
-            # PROTOCOL §8.2: reattach is off unless the boot payload gives a grace.
+        if "reattach" in self.capabilities and not _can_reattach(boot):
             self.capabilities = self.capabilities - {"reattach"}
         if assemble:
             self.assemble()
@@ -182,6 +182,8 @@ class Kernel:
         spec = EVENT_KINDS.get(kind)
         if spec is None:
             raise PayloadError(f"unknown event kind {kind!r}")
+        if self.handed_over:
+            return None  # PROTOCOL §8.2: the successor derives these again from the keeper's log
         run = self.run
         run_id: str | None = None
         if spec.run_scoped and kind not in ("host_tool.called",):
@@ -366,8 +368,13 @@ class Kernel:
         self.done.set()
 
     async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR2) as signals:
             async for signum in signals:
+                if signum == signal.SIGUSR2 and not self.stopping:
+                    from driver.kernel import keep
+
+                    self.spawn(keep.handover, self)  # PROTOCOL §8.2: a successor takes the provider
+                    continue
                 if self.stopping:
                     # Second signal: exit at once after flushing the journal.
                     log.warning("driver.signal_exit", signal=signum)
@@ -379,3 +386,13 @@ class Kernel:
                     self.done.set()
                     return
                 self.spawn(lambda: self.stop(reason="signal", requested_by="signal"))
+
+
+def _can_reattach(boot: BootPayload) -> bool:
+    """PROTOCOL §8.2: reattach is off unless the boot payload gives a grace, and needs the PID
+    namespace (only its pid 1, the keeper, ends every process of the tree: driver/kept.py)."""
+    if boot.execution.reattach_grace_ms <= 0:
+        return False
+    from driver import kept
+
+    return kept.supported()

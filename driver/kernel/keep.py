@@ -103,3 +103,22 @@ async def resume_run(k: Kernel, run_id: str, command_id: str) -> None:
     else:
         result = {"run_id": run_id, "terminal_event_id": terminal_id}
         await k.commands.finish(command_id, stored.seq, stored.fingerprint, status, result=result, kind=stored.kind)
+
+
+async def handover(k: Kernel) -> None:
+    """SIGUSR2 (sent by `agent-driver run --handover`): leave the provider, and the run in flight, to the
+    successor waiting for the state_dir lock. The journal is made durable, the link closed, and the
+    process exits 0 without a terminal for the run: the successor reattaches and continues it. A
+    provider that is not kept cannot be handed over: then this is a stop like SIGTERM's."""
+    if k.stopping:
+        return
+    if "reattach" not in k.capabilities or not k.supervisor.adapter.detach():
+        log.info("driver.handover_stop", reason="the provider is not kept")
+        await k.stop(reason="handover", requested_by="signal")
+        return
+    k.stopping = True
+    k.handed_over = True
+    log.info("driver.handover", run_id=k.run.run_id if k.run is not None else None)
+    await k.outbox.flush()
+    k.exit_status = 0
+    k.done.set()

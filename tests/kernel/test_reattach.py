@@ -16,7 +16,7 @@ import pytest
 
 from driver import kept
 from tests.faults.history import check_instance, check_run
-from tests.integration.harness import INSTANCE, control_plane
+from tests.integration.harness import INSTANCE, DriverProcess, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver
@@ -215,3 +215,32 @@ def test_keeper_is_stdlib_only() -> None:
 
     assert imports <= set(sys.stdlib_module_names) | {"__future__"}, imports
     assert os.path.getsize(kept.KEEPER_PY) < 20_000
+
+
+@pytest.mark.provider
+async def test_handover_mid_stream_loses_nothing(tmp_path: Path, fakes: Fakes) -> None:
+    """`agent-driver run --handover`: the new process asks the running one to hand over, which exits 0;
+    the run goes on under the new process, whole, once, with the same provider."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d1 = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
+        d2: Driver | None = None
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 40)
+            pid = provider_pid(state)
+            asked = model_requests(fakes)
+            d2 = DriverProcess(tmp_path, kept_payload(tmp_path, cp, fakes), "driver2", FAST, ("--handover",))
+            assert await d1.wait(timeout=30) == 0
+            status = await cp.wait_for_command_status(cid, timeout=90)
+            assert status["status"] == "completed", status
+            term = assert_whole_run(cp, "run-1")
+            assert term["epoch"] == 2
+            assert provider_pid(state) == pid
+            assert model_requests(fakes) == asked
+        finally:
+            d1.close()
+            if d2 is not None:
+                d2.close()
+            kept.discard(state)

@@ -74,6 +74,7 @@ def payload(
     recovery_messages: list[dict[str, str]] | None = None,
     acp_command: list[str] | None = None,
     acp_env: dict[str, str] | None = None,
+    reattach_grace_ms: int = 0,
 ) -> dict[str, Any]:
     """A boot payload running `runtime` offline against the fake model endpoints. `acp_command`
     replaces codex-acp by another ACP agent (the flood agent of the events claim)."""
@@ -83,6 +84,7 @@ def payload(
         "permission_timeout_ms": 60_000,
         "native_resume": native_resume,
         "recovery_messages": recovery_messages or [],
+        "reattach_grace_ms": reattach_grace_ms,
     }
     if runtime == "claude-agent-sdk":
         execution |= {
