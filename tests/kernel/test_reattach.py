@@ -244,3 +244,31 @@ async def test_handover_mid_stream_loses_nothing(tmp_path: Path, fakes: Fakes) -
             if d2 is not None:
                 d2.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_a_continued_run_can_be_cancelled(tmp_path: Path, fakes: Fakes) -> None:
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 20)
+            pid = provider_pid(state)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), name="driver2", env=FAST)
+            await cp.wait_for_event(INSTANCE, lambda e: e["run_id"] == "run-1" and e["epoch"] == 2, timeout=30)
+            # The continued turn is interrupted natively (turn/interrupt), not by killing the provider.
+            await cp.send_command(INSTANCE, "turn.cancel", run_id="run-1", reason="test")
+            status = await cp.wait_for_command_status(cid, timeout=60)
+            assert status["status"] == "cancelled", status
+            term = check_run(cp, "run-1", terminal="run.cancelled")
+            assert term["payload"]["details"]["phase"] == "interrupt", term["payload"]["details"]
+            assert provider_pid(state) == pid
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:ok]]"})
+            assert (await cp.wait_for_command_status(cid2, timeout=60))["status"] == "completed"
+        finally:
+            d.close()
+            kept.discard(state)
