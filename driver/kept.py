@@ -147,6 +147,13 @@ def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
     return next_id, answered
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -447,7 +454,11 @@ class KeptProcess:
                     await self._send(b"T")
                 with anyio.move_on_after(grace + 5.0):
                     await self.exited.wait()
-                if self.record.alive():
+                # Its socket closes as it exits, a moment before it is a zombie: give it that moment.
+                with anyio.move_on_after(2.0):
+                    while self.record.alive() and not _zombie(self.record.keeper_pid):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
+                if self.record.alive() and not _zombie(self.record.keeper_pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(self.record.keeper_pid, signal.SIGKILL)
                 discard(self.state_dir)
