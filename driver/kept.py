@@ -129,10 +129,12 @@ def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
     sent), and the ids of the provider's requests a predecessor already answered."""
     next_id, answered = 0, set()
     try:
-        data = (keeper_dir(state_dir) / "in.log").read_bytes()
+        log_file = (keeper_dir(state_dir) / "in.log").open("rb")
     except OSError:
         return 0, set()
-    for line in data.split(b"\n"):
+    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
+        lines = [line for line in log_file if b'"id"' in line]
+    for line in lines:
         try:
             msg = json.loads(line)
         except ValueError:

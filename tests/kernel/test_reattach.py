@@ -85,7 +85,8 @@ async def test_driver_killed_mid_stream_the_run_continues(kills: int, tmp_path: 
     async with control_plane(tmp_path) as cp:
         d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
         try:
-            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is True
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
             pid = None
             for n in range(kills):
@@ -272,3 +273,28 @@ async def test_a_continued_run_can_be_cancelled(tmp_path: Path, fakes: Fakes) ->
         finally:
             d.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_claude_says_reattach_is_unsupported_and_its_run_ends_driver_restarted(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        payload = runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+        payload["execution"]["reattach_grace_ms"] = 30_000
+        d = Driver(tmp_path, payload, env=FAST)
+        try:
+            started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is False
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 5)
+            assert kept.read_record(state) is None  # no keeper: the provider dies with its driver
+            d.kill()
+            d = Driver(tmp_path, payload, name="driver2", env=FAST)
+            term = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=60
+            )
+            assert term["payload"]["error"]["code"] == "driver.restarted"
+        finally:
+            d.close()
