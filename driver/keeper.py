@@ -20,7 +20,8 @@ Unix socket, the output log and the input log.
   keeper exits, which ends every process left in the namespace.
 
 Frames: 1 byte type, 4 bytes big-endian length, payload.
-Driver to keeper: A secret | R offset (8 bytes): stream output from there | I data | E stdin EOF |
+Driver to keeper: A secret | R offset, split (8 bytes each): stream output from offset, no chunk
+crossing split | I data | E stdin EOF |
 S signal number (4 bytes): to the provider's group | T: end the provider tree and exit.
 Keeper to driver: H JSON {pid, out_size, in_size, exited} | O data (in order from R's offset) |
 X stderr data | Z JSON {status} | F reason (refused; the connection is closed).
@@ -277,12 +278,15 @@ class Keeper:
             self.drop(client)
             return
         if kind == ord("R"):
-            (offset,) = struct.unpack(">Q", payload)
+            # offset, and where a chunk must end (the log's size the driver was told at hello): the
+            # driver tells what it re-reads from what is new by that boundary.
+            offset, split = struct.unpack(">QQ", payload) if len(payload) == 16 else (*struct.unpack(">Q", payload), 0)
             if self.out_full or offset > self.out_size:
                 self.drop(client, b"offset not in the log")
                 return
             while offset < self.out_size and self.client is client:
-                chunk = os.pread(self.out_log, min(65536, self.out_size - offset), offset)
+                end = split if offset < split else self.out_size
+                chunk = os.pread(self.out_log, min(65536, end - offset), offset)
                 if not chunk:
                     break
                 self.send(frame(b"O", chunk))

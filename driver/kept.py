@@ -82,6 +82,7 @@ class Turn:
     run_id: str | None
     thread_id: str
     offset: int
+    in_offset: int = 0  # the input log's size when the turn was marked, just before its turn/start
 
 
 def read_record(state_dir: Path) -> Record | None:
@@ -96,7 +97,8 @@ def read_turn(state_dir: Path) -> Turn | None:
     try:
         raw = json.loads((keeper_dir(state_dir) / "turn.json").read_text())
         run_id = raw["run_id"]
-        return Turn(run_id if isinstance(run_id, str) else None, str(raw["thread_id"]), int(raw["offset"]))
+        run = run_id if isinstance(run_id, str) else None
+        return Turn(run, str(raw["thread_id"]), int(raw["offset"]), int(raw.get("in_offset", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -169,6 +171,7 @@ class _Stdin(anyio.abc.ByteSendStream):
 
     async def send(self, item: bytes) -> None:
         await self._owner._send(b"I", item)
+        self._owner.in_size += len(item)
 
     async def send_eof(self) -> None:
         await self._owner._send(b"E")
@@ -215,6 +218,7 @@ class KeptProcess:
         self._reader = reader
         self.record = record
         self.attach_end = int(hello.get("out_size", 0))
+        self.in_size = int(hello.get("in_size", 0))  # bytes in the input log, ours included
         self.consumed = 0
         self.line_end = 0
         self.returncode_raw: int | None = None
@@ -345,7 +349,8 @@ class KeptProcess:
         self = cls(state_dir, stream, reader, record, hello)
         start = self.attach_end if offset is None else offset
         self.consumed = self.line_end = start
-        await self._send(b"R", struct.pack(">Q", start))
+        # No chunk may straddle the log's end at hello: what is re-read and what is new stay apart.
+        await self._send(b"R", struct.pack(">QQ", start, self.attach_end))
         return self
 
     # -- the socket ----------------------------------------------------------------------------------
@@ -407,7 +412,7 @@ class KeptProcess:
         """Record the run in flight and the line boundary its turn's output starts after."""
         _write_json(
             keeper_dir(self.state_dir) / "turn.json",
-            {"run_id": run_id, "thread_id": thread_id, "offset": self.line_end},
+            {"run_id": run_id, "thread_id": thread_id, "offset": self.line_end, "in_offset": self.in_size},
         )
 
     def _add_stderr(self, data: bytes) -> None:

@@ -57,6 +57,11 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
         return None
     turn = kept.read_turn(state_dir)
     run_id = turn.run_id if turn is not None and turn.run_id in active_runs else None
+    if run_id is not None and turn is not None and _in_log_size(state_dir) <= turn.in_offset:
+        # Marked, but the predecessor died before writing the turn's request: nothing to continue
+        # (the run ends driver.restarted; the idle provider is still attached).
+        log.info("keeper.turn_never_sent", run_id=run_id)
+        run_id = None
     first_id, answered = kept.stdin_facts(state_dir)
     plan = Plan(
         state_dir,
@@ -70,6 +75,13 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
     _plans[state_dir] = plan
     log.info("keeper.found", keeper_pid=record.keeper_pid, run_id=run_id, offset=plan.offset)
     return plan
+
+
+def _in_log_size(state_dir: Path) -> int:
+    try:
+        return (kept.keeper_dir(state_dir) / "in.log").stat().st_size
+    except OSError:
+        return 0
 
 
 def take(state_dir: Path) -> Plan | None:

@@ -4,6 +4,7 @@ in flight under a keeper, and see it to its own terminal (driver/reattach.py has
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,7 +59,15 @@ async def resume_run(k: Kernel, run_id: str, command_id: str) -> None:
                 raise ProviderError(
                     "driver.restarted", "the driver process died and its provider was lost", retryable=True
                 )
-            outcome = await adapter.resume(run_id)
+            # The silence rule (PROTOCOL §8) bounds a continued turn too: a turn the provider never
+            # started or already ended unseen cannot hang the run.
+            run.last_activity = time.monotonic()
+            silence = anyio.CancelScope()
+            k.spawn(k.telemetry.watch_silence, run, adapter, silence)
+            try:
+                outcome = await adapter.resume(run_id)
+            finally:
+                silence.cancel()
         except ProviderError as exc:
             error = exc
         except Exception as exc:
