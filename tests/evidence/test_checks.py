@@ -219,3 +219,19 @@ def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.Cap
         main(argv)
     assert exc.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_driver_killed_with_reattach_must_continue_the_run() -> None:
+    measured = {
+        "run_in_flight": "run.completed",
+        "native_session": "resumed",
+        "files_kept": True,
+        "memory_kept": True,
+        "text_whole": True,
+        "same_provider": True,
+        "model_requests_during_reattach": 0,
+    }
+    assert checks.judge_resume(measured, EXPECTED["driver killed (reattach)"]) == []
+    restarted = measured | {"run_in_flight": "run.failed{driver.restarted}", "model_requests_during_reattach": 1}
+    failures = checks.judge_resume(restarted, EXPECTED["driver killed (reattach)"])
+    assert len(failures) == 2 and "run_in_flight" in failures[0]
