@@ -7,8 +7,7 @@ in a PID namespace of its own that does not die with this driver; `attach()` con
 process to a keeper a dead one left, and streams the provider's output from an offset of the log.
 
 Files, all under `state_dir/driver/keeper/` (hidden from the provider tree, §9): `sock`, `out.log`,
-`in.log`, `record.json` (the keeper's pid and start time, the secret) and `turn.json` (the run in
-flight: its id, the thread, and the output offset its turn started at).
+`in.log`, and those of `driver.keeper_state` (`record.json`, `turn.json`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import socket
 import struct
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
@@ -35,8 +33,34 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from driver import containment, logs
 from driver.adapters.base import ProviderError
+from driver.keeper_state import (
+    Record,
+    Turn,
+    _children,
+    _write_json,
+    _zombie,
+    discard,
+    keeper_dir,
+    read_record,
+    read_turn,
+    stdin_facts,
+)
 
 log = logs.get(__name__)
+
+__all__ = [
+    "KeeperError",
+    "KeptProcess",
+    "Record",
+    "Turn",
+    "_children",
+    "discard",
+    "keeper_dir",
+    "read_record",
+    "read_turn",
+    "stdin_facts",
+    "supported",
+]
 
 HEADER = struct.Struct(">BI")
 KEEPER_PY = Path(__file__).with_name("keeper.py")
@@ -46,10 +70,6 @@ _MAX_TAIL_LINES = 200
 
 class KeeperError(Exception):
     """The keeper cannot be reached, refused us, or is not the one recorded."""
-
-
-def keeper_dir(state_dir: Path) -> Path:
-    return state_dir / "driver" / "keeper"
 
 
 def supported() -> bool:
@@ -63,106 +83,6 @@ def keeper_prefix() -> list[str]:
     base = containment.prefix()
     cut = base.index("--")
     return [a for a in base[:cut] if a != "--die-with-parent"] + ["--", sys.executable, "-I", str(KEEPER_PY)]
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    bwrap_pid: int
-    keeper_pid: int
-    keeper_start: int
-    secret: str
-    runtime: str
-
-    def alive(self) -> bool:
-        return containment.start_time(self.keeper_pid) == self.keeper_start
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    run_id: str | None
-    thread_id: str
-    offset: int
-    in_offset: int = 0  # the input log's size when the turn was marked, just before its turn/start
-
-
-def read_record(state_dir: Path) -> Record | None:
-    try:
-        raw = json.loads((keeper_dir(state_dir) / "record.json").read_text())
-        return Record(**{k: raw[k] for k in Record.__slots__})  # type: ignore[attr-defined]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def read_turn(state_dir: Path) -> Turn | None:
-    try:
-        raw = json.loads((keeper_dir(state_dir) / "turn.json").read_text())
-        run_id = raw["run_id"]
-        run = run_id if isinstance(run_id, str) else None
-        return Turn(run, str(raw["thread_id"]), int(raw["offset"]), int(raw.get("in_offset", 0)))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    # No fsync: these files serve a driver crash, which leaves the page cache intact.
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(value, f)
-    tmp.replace(path)
-
-
-def discard(state_dir: Path) -> bool:
-    """End a recorded keeper (verified by its start time) and forget it: its namespace dies with it."""
-    record = read_record(state_dir)
-    killed = False
-    if record is not None and record.alive():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(record.keeper_pid, signal.SIGKILL)
-            killed = True
-    for name in ("record.json", "turn.json"):
-        with contextlib.suppress(OSError):
-            (keeper_dir(state_dir) / name).unlink()
-    return killed
-
-
-def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
-    """From the input log: the first request id a new driver may use (above every id a predecessor
-    sent), and the ids of the provider's requests a predecessor already answered."""
-    next_id, answered = 0, set()
-    try:
-        log_file = (keeper_dir(state_dir) / "in.log").open("rb")
-    except OSError:
-        return 0, set()
-    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
-        lines = [line for line in log_file if b'"id"' in line]
-    for line in lines:
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict) or "id" not in msg:
-            continue
-        if "method" in msg:
-            if isinstance(msg["id"], int):
-                next_id = max(next_id, msg["id"] + 1)
-        elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
-            answered.add(msg["id"])
-    return next_id, answered
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
 
 
 class _Stdin(anyio.abc.ByteSendStream):
