@@ -298,3 +298,33 @@ async def test_claude_says_reattach_is_unsupported_and_its_run_ends_driver_resta
             assert term["payload"]["error"]["code"] == "driver.restarted"
         finally:
             d.close()
+
+
+@pytest.mark.provider
+async def test_idle_provider_is_reattached_and_a_stop_ends_the_keeper(tmp_path: Path, fakes: Fakes) -> None:
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
+        try:
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:first]]"})
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
+            pid = provider_pid(state)
+            asked = model_requests(fakes)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), name="driver2", env=FAST)
+            # No run in flight: the idle provider is taken over as it is, its thread open.
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:second]]"})
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
+            assert provider_pid(state) == pid
+            assert model_requests(fakes) == asked + 1
+            check_run(cp, "run-2", terminal="run.completed")
+            record = kept.read_record(state)
+            assert record is not None
+            cid, _ = await cp.send_command(INSTANCE, "session.stop", reason="done")
+            assert await d.wait(timeout=60) == 0
+            assert not alive(pid) and not alive(record.keeper_pid), "a stop must end the kept tree"
+            assert kept.read_record(state) is None
+        finally:
+            d.close()
+            kept.discard(state)
