@@ -56,8 +56,12 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
             log.warning("keeper.discarded", keeper_pid=record.keeper_pid)
         return None
     turn = kept.read_turn(state_dir)
-    run_id = turn.run_id if turn is not None and turn.run_id in active_runs else None
-    if run_id is not None and turn is not None and _in_log_size(state_dir) <= turn.in_offset:
+    if turn is None:
+        # The predecessor died before its provider's session was open: nothing worth keeping.
+        kept.discard(state_dir)
+        return None
+    run_id = turn.run_id if turn.run_id in active_runs else None
+    if run_id is not None and _in_log_size(state_dir) <= turn.in_offset:
         # Marked, but the predecessor died before writing the turn's request: nothing to continue
         # (the run ends driver.restarted; the idle provider is still attached).
         log.info("keeper.turn_never_sent", run_id=run_id)
@@ -66,9 +70,9 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
     plan = Plan(
         state_dir,
         record,
-        turn.thread_id if turn is not None else None,
+        turn.thread_id,
         run_id,
-        turn.offset if turn is not None and run_id is not None else None,
+        turn.offset if run_id is not None else None,
         first_id,
         frozenset(answered),
     )

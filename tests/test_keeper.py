@@ -173,3 +173,42 @@ def test_the_gate_suppresses_the_journaled_prefix_then_admits() -> None:
     proc.past = True
     assert gate.admits("message.delta", "best_effort")
     assert (gate.suppressed, gate.dropped_best_effort) == (2, 1)
+
+
+def test_the_plan_continues_only_a_sent_turn_of_an_active_run_and_ends_an_unusable_keeper(tmp_path: Path) -> None:
+    import subprocess
+
+    from driver import containment
+    from driver.keeper_state import _write_json
+
+    sleeper = subprocess.Popen(["sleep", "60"])  # stands for a keeper: alive, verifiable by start time
+    try:
+        start = containment.start_time(sleeper.pid)
+        assert start is not None
+        folder = kept.keeper_dir(tmp_path)
+        folder.mkdir(parents=True)
+        record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "secret": "00" * 32}
+        _write_json(folder / "record.json", record | {"runtime": "openai-app-server"})
+        _write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "th-1", "offset": 10, "in_offset": 5})
+        (folder / "in.log").write_bytes(b'{"id": 4, "method": "turn/start"}\n')
+
+        plan = reattach.prepare(tmp_path, "openai-app-server", 1000, ["run-1"])
+        assert plan is not None
+        assert (plan.run_id, plan.offset, plan.thread_id, plan.first_id) == ("run-1", 10, "th-1", 5)
+        assert reattach.take(tmp_path) is plan and reattach.take(tmp_path) is None
+        # A run the journal does not hold active is not continued; the provider is attached at the log's end.
+        plan = reattach.prepare(tmp_path, "openai-app-server", 1000, ["run-0"])
+        assert plan is not None and (plan.run_id, plan.offset) == (None, None)
+        # Marked, but its turn/start never reached the input log: not continued either.
+        (folder / "in.log").write_bytes(b"12345")
+        plan = reattach.prepare(tmp_path, "openai-app-server", 1000, ["run-1"])
+        assert plan is not None and plan.run_id is None
+        assert sleeper.poll() is None
+        # Another runtime (or no grace): the keeper is ended and forgotten.
+        assert reattach.prepare(tmp_path, "claude-agent-sdk", 1000, ["run-1"]) is None
+        assert sleeper.wait(timeout=10) == -9
+        assert kept.read_record(tmp_path) is None
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
