@@ -212,3 +212,22 @@ def test_the_plan_continues_only_a_sent_turn_of_an_active_run_and_ends_an_unusab
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+async def test_the_secret_is_in_no_argv_and_no_environment(tmp_path: Path) -> None:
+    p = await spawn(tmp_path)
+    try:
+        record = kept.read_record(tmp_path)
+        assert record is not None
+        secret = record.secret.encode()
+        for pid in (record.bwrap_pid, record.keeper_pid, p.pid):
+            for name in ("cmdline", "environ"):
+                try:
+                    data = Path(f"/proc/{pid}/{name}").read_bytes()
+                except PermissionError:
+                    continue  # not dumpable: not even readable
+                assert secret not in data and bytes.fromhex(record.secret) not in data, (pid, name)
+        assert oct((kept.keeper_dir(tmp_path) / "record.json").stat().st_mode & 0o777) == "0o600"
+        assert oct((kept.keeper_dir(tmp_path) / "sock").stat().st_mode & 0o777) == "0o600"
+    finally:
+        await p.terminate()
