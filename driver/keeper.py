@@ -254,7 +254,12 @@ class Keeper:
         for kind, payload in frames:
             if client.sock.fileno() < 0:
                 return
-            self.on_frame(client, kind, payload)
+            try:
+                self.on_frame(client, kind, payload)
+            except (struct.error, ValueError, OverflowError):
+                # A malformed frame ends that connection, never the keeper (and so the provider).
+                self.drop(client, b"malformed frame")
+                return
 
     def on_frame(self, client: Client, kind: int, payload: bytes) -> None:
         if not client.authed:

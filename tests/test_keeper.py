@@ -231,3 +231,27 @@ async def test_the_secret_is_in_no_argv_and_no_environment(tmp_path: Path) -> No
         assert oct((kept.keeper_dir(tmp_path) / "sock").stat().st_mode & 0o777) == "0o600"
     finally:
         await p.terminate()
+
+
+async def test_a_malformed_frame_ends_the_connection_not_the_keeper(tmp_path: Path) -> None:
+    p = await spawn(tmp_path)
+    try:
+        record = kept.read_record(tmp_path)
+        assert record is not None
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(kept.keeper_dir(tmp_path) / "sock"))
+            s.sendall(struct.pack(">BI", ord("A"), 32) + bytes.fromhex(record.secret))
+            s.sendall(struct.pack(">BI", ord("R"), 3) + b"bad")  # an offset of 3 bytes
+            s.settimeout(10)
+            got = b""
+            while b"malformed" not in got:
+                chunk = s.recv(65536)
+                assert chunk, got
+                got += chunk
+        assert record.alive() and alive(p.pid)
+        q = await KeptProcess.attach(tmp_path, record, offset=None)
+        await q.stdin.send(b"after\n")
+        assert b"got:after" in await read_until(q, b"got:after")
+        await q.terminate()
+    finally:
+        kept.discard(tmp_path)
