@@ -18,6 +18,7 @@ ALL: tuple[str, ...] = (
     "file_change",
     "session_state",  # session.mode.updated / session.config.updated / session.commands.updated
     "steer",  # input.steer (PROTOCOL §3.1); its mode is STEER_MODE's
+    "reattach",  # PROTOCOL §8.2: a run in flight survives its driver (with execution.reattach_grace_ms)
 )
 
 _STREAMS = frozenset(
@@ -26,7 +27,7 @@ _STREAMS = frozenset(
 
 BY_RUNTIME: dict[str, frozenset[str]] = {
     "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
-    "openai-app-server": _STREAMS | {"host_tools", "file_change"},
+    "openai-app-server": _STREAMS | {"host_tools", "file_change", "reattach"},
     "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
 }
 

@@ -17,6 +17,7 @@ EX_SOFTWARE = 70  # an internal error escaped every unit (the journal keeps what
 class RunArgs(NamedTuple):
     boot_file: str | None = None
     log_level: str = "info"
+    handover: bool = False  # take the state_dir over from its running driver (driver/handover.py)
 
 
 def _run_args(argv: list[str]) -> RunArgs | None:
@@ -27,14 +28,18 @@ def _run_args(argv: list[str]) -> RunArgs | None:
         return None
     values = {"--boot-file": None, "--log-level": "info"}
     rest = argv[1:]
+    handover = False
     while rest:
         flag, _, inline = rest.pop(0).partition("=")
+        if flag == "--handover" and not inline:
+            handover = True
+            continue
         if flag not in values or (not inline and not rest):
             return None
         values[flag] = inline or rest.pop(0)
     if values["--log-level"] not in LOG_LEVELS:
         return None  # argparse names the bad level and the choices
-    return RunArgs(values["--boot-file"], values["--log-level"] or "info")
+    return RunArgs(values["--boot-file"], values["--log-level"] or "info", handover)
 
 
 def _run(args: RunArgs | argparse.Namespace) -> int:
@@ -73,7 +78,12 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
     try:
-        lock = statelock.acquire(Path(payload.session.state_dir))
+        if getattr(args, "handover", False):
+            from driver.handover import take_over
+
+            lock = take_over(Path(payload.session.state_dir))
+        else:
+            lock = statelock.acquire(Path(payload.session.state_dir))
     except statelock.StateDirLocked as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return EX_TEMPFAIL
@@ -82,9 +92,11 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     # What a previous process for this state_dir left behind dies before our own provider starts.
     from driver.queue.rowmac import RowMac, derive_key
 
-    containment.track(
-        Path(payload.session.state_dir), RowMac(derive_key(payload.control.token, payload.driver_instance_id))
-    )
+    row_mac = RowMac(derive_key(payload.control.token, payload.driver_instance_id))
+    containment.track(Path(payload.session.state_dir), row_mac)
+    from driver import keeper_state
+
+    keeper_state.use_mac(row_mac)  # the keeper's record and turn files are authenticated the same way
     from driver.hiding import private_paths
 
     containment.hide(*private_paths(payload, Path(boot_path)))
@@ -157,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the driver (the sandbox entrypoint)")
     run.add_argument("--boot-file", help="path of the one-time boot payload (or AGENT_DRIVER_BOOT_FILE)")
     run.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    run.add_argument(
+        "--handover",
+        action="store_true",
+        help="take the state_dir over from the driver running on it: it hands its kept provider over and exits",
+    )
     dev = sub.add_parser("dev", help="the driver with an embedded reference control plane and a terminal chat")
     dev.add_argument("--runtime", default="claude-agent-sdk", choices=["claude-agent-sdk", "openai-app-server", "acp"])
     dev.add_argument("--workdir", default=None, help="where the session lives (default: ./.dev)")

@@ -354,6 +354,12 @@ class ProcessRecord:
         ]
 
 
+def report(table: str, key: str, reason: str) -> None:
+    """A state file under `state_dir/driver/` that failed its check (the keeper's, driver/keeper_state.py)."""
+    _findings.append(Finding(table, key, reason))
+    log.error("containment.record_tampered", table=table, key=key)
+
+
 def take_findings() -> list[Finding]:
     """Record files that failed their check, for the kernel to report (`journal.tampered`)."""
     out = list(_findings)

@@ -48,6 +48,9 @@ class Run:
     cancel_asked: anyio.Event = field(default_factory=anyio.Event)
     steers_in_flight: int = 0
     steers_settled: anyio.Event = field(default_factory=anyio.Event)
+    # A run continued by a new driver process (PROTOCOL §8.2): decides which re-derived events are
+    # admitted (driver.reattach.ReplayGate); None for every other run.
+    replay: Any = None
 
 
 def declined_tool_events(run: Run, rejected: set[str]) -> list[tuple[str, dict[str, Any]]]:

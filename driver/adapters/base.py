@@ -121,6 +121,13 @@ class Adapter(abc.ABC):
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         """Run one turn to its end, emitting events through the ports. Raise ProviderError on failure."""
 
+    async def resume(self, run_id: str) -> TurnOutcome:
+        """Continue the turn of `run_id` that a dead driver process left running under a keeper
+        (PROTOCOL §8.2), to its end. The default: this adapter cannot, and says so."""
+        raise ProviderError(
+            "driver.restarted", "the driver process died while this run was active (no reattach)", retryable=True
+        )
+
     @abc.abstractmethod
     async def cancel(self) -> None:
         """Ask the provider to interrupt the active turn (Codex turn/interrupt, Claude interrupt(),
@@ -139,6 +146,11 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop the provider process(es); idempotent; never raises for an already-dead provider."""
+
+    def detach(self) -> bool:
+        """Leave the provider running for a successor driver process (the handover, PROTOCOL §8.2):
+        stop reading it without ending it. False (the default) when it is not kept by a keeper."""
+        return False
 
     def process_group_ids(self) -> list[int]:
         """Process groups the kernel may SIGTERM/SIGKILL when an interrupt is not honoured in time."""

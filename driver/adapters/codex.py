@@ -38,9 +38,10 @@ from driver.adapters.codex_config import (
 from driver.adapters.codex_files import codex_binary
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
-from driver.adapters.process import ProviderProcess
+from driver.adapters.keeping import AnyProcess, provider_process
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.capabilities import BY_RUNTIME
+from driver.kept import KeptProcess
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
@@ -60,7 +61,7 @@ class CodexAdapter(Adapter):
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)
         self._cwd = Path(config.session.cwd)
-        self._proc: ProviderProcess | None = None
+        self._proc: AnyProcess | None = None
         self._proc_changed = anyio.Event()
         self._host: McpHostServer | None = None
         self._peer: JsonRpcPeer | None = None
@@ -80,6 +81,8 @@ class CodexAdapter(Adapter):
         return self._thread_id
 
     def process_group_ids(self) -> list[int]:
+        if isinstance(self._proc, KeptProcess) and self._proc.returncode is None:
+            return self._proc.group_ids()
         return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
 
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
@@ -89,6 +92,8 @@ class CodexAdapter(Adapter):
     async def start(self) -> None:
         binary = codex_binary(self.config.project_root)
         host_url: str | None = None
+        # Host tools are not carried across a reattach: the continued Codex keeps the dead driver's
+        # MCP server address (documented in docs/protocol.md).
         if self.config.execution.host_tools:
             self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
             await self._host.start()
@@ -101,8 +106,16 @@ class CodexAdapter(Adapter):
             [str(codex_files.helper_aliases(self.config.state_dir, binary)), env.get("PATH", os.defpath)]
         )
         env.setdefault("HOME", str(home))
-        proc = await ProviderProcess.spawn([str(binary), "app-server"], env=env, cwd=self._cwd, name="codex")
+        proc, plan = await provider_process(
+            [str(binary), "app-server"], env=env, cwd=self._cwd, name="codex", config=self.config, runtime=RUNTIME
+        )
         self._set_proc(proc)
+        if plan is not None and plan.thread_id is not None:
+            # A predecessor's Codex, initialized, its thread open: continue where its output log is.
+            self._thread_id = plan.thread_id
+            if plan.run_id is not None:
+                self._turn = CodexTurn(plan.run_id, str(self._cwd), plan.thread_id)
+                self._turn_ended = anyio.Event()
         peer = JsonRpcPeer(
             proc.stdout,
             proc.stdin,
@@ -112,14 +125,20 @@ class CodexAdapter(Adapter):
             on_notification=self._on_notification,
             on_violation=ProtocolDiagnostics(self.ports.emit, "codex app-server"),
             on_handler_error=guard.PortErrors(self.ports.emit, "codex app-server"),
+            first_id=plan.first_id if plan is not None else 0,
+            answered=plan.answered if plan is not None else frozenset(),
         )
         self._peer = peer
         self._peer_task = asyncio.get_running_loop().create_task(peer.run(), name="codex-rpc")
+        if plan is not None and plan.thread_id is not None:
+            await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
+            return
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._call("initialize", {"clientInfo": {"name": "agent-driver", "version": "0.1.0"}})
                 await peer.notify("initialized")
                 await self._open_thread()
+            self._mark(None)
         except TimeoutError:
             raise ProviderError(
                 "provider.start_timeout",
@@ -194,10 +213,16 @@ class CodexAdapter(Adapter):
         previous = self._thread_id
         self._thread_id = await self._new_thread()
         self._recovery_pending = []
+        self._mark(None)
         await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
         return previous, self._thread_id
 
-    def _set_proc(self, proc: ProviderProcess | None) -> None:
+    def _mark(self, run_id: str | None) -> None:
+        """Tell a keeper's successor which run is in flight and where its turn's output starts."""
+        if isinstance(self._proc, KeptProcess) and self._thread_id is not None:
+            self._proc.mark_turn(run_id, self._thread_id)
+
+    def _set_proc(self, proc: AnyProcess | None) -> None:
         self._proc = proc
         self._proc_changed.set()
         self._proc_changed = anyio.Event()
@@ -216,6 +241,15 @@ class CodexAdapter(Adapter):
 
     def stderr_tail(self) -> str:
         return self._proc.stderr_tail() if self._proc is not None else ""
+
+    def detach(self) -> bool:
+        proc = self._proc
+        if not isinstance(proc, KeptProcess):
+            return False
+        # Freeze, do not close: a closed stream would end the run in flight as a crash. What the keeper
+        # logs from now on is the successor's to read.
+        proc.detach()
+        return True
 
     async def stop(self) -> None:
         proc = self._proc
@@ -288,6 +322,7 @@ class CodexAdapter(Adapter):
             raise await self._crashed("codex is not running")
         turn = CodexTurn(run_id, str(self._cwd), self._thread_id)
         self._turn = turn
+        self._mark(run_id)
         self._cancel_requested = anyio.Event()
         ended = anyio.Event()  # set by turn/completed, or by Codex going away
         self._turn_ended = ended
@@ -330,8 +365,28 @@ class CodexAdapter(Adapter):
             raise await self._crashed("codex exited during the turn")
         return self._outcome(turn)
 
+    async def resume(self, run_id: str) -> TurnOutcome:
+        """Continue a turn a dead driver left running (PROTOCOL §8.2): its output is being re-read from
+        the turn's start through a fresh `CodexTurn`; the kernel's gate suppresses what was journaled."""
+        turn, peer, proc = self._turn, self._peer, self._proc
+        if turn is None or turn.run_id != run_id or peer is None or proc is None:
+            return await super().resume(run_id)
+        self._cancel_requested = anyio.Event()
+        ended = self._turn_ended
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._interrupt_when_asked, turn)
+                tg.start_soon(self._watch_exit, peer, proc, ended)
+                await ended.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._turn = None
+        if turn.end is None:
+            raise await self._crashed("codex exited during the turn")
+        return self._outcome(turn)
+
     @staticmethod
-    async def _watch_exit(peer: JsonRpcPeer, proc: ProviderProcess, ended: anyio.Event) -> None:
+    async def _watch_exit(peer: JsonRpcPeer, proc: AnyProcess, ended: anyio.Event) -> None:
         """End the wait when Codex goes away: its stdout closes, or it exits (then give the reader a
         moment to take the last lines, in case a grandchild keeps stdout open)."""
         async with anyio.create_task_group() as tg:

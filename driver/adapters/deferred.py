@@ -43,6 +43,9 @@ class DeferredAdapter(Adapter):
     async def steer(self, run_id: str, run_input: RunInput) -> None:
         await (await self._load()).steer(run_id, run_input)
 
+    async def resume(self, run_id: str) -> TurnOutcome:
+        return await (await self._load()).resume(run_id)
+
     async def cancel(self) -> None:
         if self.inner is not None:
             await self.inner.cancel()
@@ -53,6 +56,9 @@ class DeferredAdapter(Adapter):
     async def stop(self) -> None:
         if self.inner is not None:
             await self.inner.stop()
+
+    def detach(self) -> bool:
+        return self.inner.detach() if self.inner is not None else False
 
     def process_group_ids(self) -> list[int]:
         return self.inner.process_group_ids() if self.inner is not None else []

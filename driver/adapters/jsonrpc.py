@@ -80,6 +80,8 @@ class JsonRpcPeer:
         on_notification: NotificationHandler | None = None,
         on_violation: ViolationHandler | None = None,
         on_handler_error: HandlerErrorHandler | None = None,
+        first_id: int = 0,
+        answered: frozenset[RequestId] = frozenset(),
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -91,7 +93,12 @@ class JsonRpcPeer:
         self._on_violation = on_violation
         self._on_handler_error = on_handler_error  # told of a handler's unexpected error (a diagnostic)
         self._write_lock = anyio.Lock()
-        self._next_id = 0
+        # A driver reattached to a running provider (PROTOCOL §8.2) re-reads output its predecessor
+        # read: answers to the predecessor's requests (ids below `first_id`) are not ours and not
+        # violations, and requests the predecessor answered (`answered`) are not answered twice.
+        self._next_id = first_id
+        self._first_id = first_id
+        self._answered = answered
         self._pending: dict[RequestId, _Pending] = {}
         self._incoming: dict[RequestId, anyio.CancelScope] = {}
         self.closed = anyio.Event()
@@ -220,6 +227,9 @@ class JsonRpcPeer:
         method = message.get("method")
         if isinstance(method, str):
             if "id" in message and message["id"] is not None:
+                if _usable_id(message["id"]) and message["id"] in self._answered:
+                    log.debug("jsonrpc.request_already_answered", peer=self.name, method=method)
+                    return
                 if not self._start_handler(message["id"], method, message.get("params"), tg):
                     await self._violation("a request whose id is neither a string nor an integer")
             elif method == CANCEL_METHOD:
@@ -247,6 +257,8 @@ class JsonRpcPeer:
         # nothing of ours, and an object or array is not even hashable.
         rid = message["id"]
         pending = self._pending.get(rid) if _usable_id(rid) else None
+        if pending is None and isinstance(rid, int) and not isinstance(rid, bool) and rid < self._first_id:
+            return True  # a predecessor's request, answered in the output we re-read
         if pending is None or pending.done.is_set():
             self.unknown_responses += 1
             log.warning("jsonrpc.unknown_response", peer=self.name, id_type=type(rid).__name__)

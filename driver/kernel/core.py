@@ -144,12 +144,15 @@ class Kernel:
         self.ready = anyio.Event()  # ... and recovery is done: the link's hooks may go on
         self.last_activity = time.monotonic()
         self.stopping = False
+        self.handed_over = False  # set by a handover (driver/kernel/keep.py): this process emits no more
         self.link: Link | None = None
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES  # until a welcome says otherwise (§4.3)
         self._tg: anyio.abc.TaskGroup | None = None
         self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
         self.capabilities = capabilities_of(boot.execution.runtime)
+        if "reattach" in self.capabilities and not _can_reattach(boot):
+            self.capabilities = self.capabilities - {"reattach"}
         if assemble:
             self.assemble()
             self.ready.set()  # no `serve`-driven start: nothing to wait for
@@ -213,6 +216,8 @@ class Kernel:
         spec = EVENT_KINDS.get(kind)
         if spec is None:
             raise PayloadError(f"unknown event kind {kind!r}")
+        if self.handed_over:
+            return None  # PROTOCOL §8.2: the successor derives these again from the keeper's log
         run = self.run
         run_id: str | None = None
         if spec.run_scoped and kind not in ("host_tool.called",):
@@ -229,6 +234,13 @@ class Kernel:
                     run.tool_status[str(payload.get("tool_call_id"))] = str(payload.get("status", ""))
         elif kind == "host_tool.called":
             run_id = payload.get("run_id")
+        replay = run.replay if run is not None and run_id == run.run_id else None
+        if replay is not None and not replay.admits(kind, spec.delivery):
+            # Re-derived after a reattach: journaled already, or best-effort the predecessor may have
+            # sent (counted as dropped: at most once). driver/reattach.py.
+            if spec.delivery == "best_effort":
+                self.outbox.best_effort.count_drop(run_id)
+            return None
         if kind in _NAMED:
             payload = paths.carry(payload)  # PROTOCOL §9: a name that is not UTF-8, escaped
         if kind in _OBSERVED:
@@ -435,8 +447,13 @@ class Kernel:
         self.done.set()
 
     async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR2) as signals:
             async for signum in signals:
+                if signum == signal.SIGUSR2 and not self.stopping:
+                    from driver.kernel import keep
+
+                    self.spawn(keep.handover, self)  # PROTOCOL §8.2: a successor takes the provider
+                    continue
                 if self.stopping:
                     # Second signal: exit at once after flushing the journal.
                     log.warning("driver.signal_exit", signal=signum)
@@ -449,3 +466,13 @@ class Kernel:
                     self.done.set()
                     return
                 self.spawn(lambda: self.stop(reason="signal", requested_by="signal"))
+
+
+def _can_reattach(boot: BootPayload) -> bool:
+    """PROTOCOL §8.2: reattach is off unless the boot payload gives a grace, and needs the PID
+    namespace (only its pid 1, the keeper, ends every process of the tree: driver/kept.py)."""
+    if boot.execution.reattach_grace_ms <= 0:
+        return False
+    from driver import kept
+
+    return kept.supported()

@@ -38,7 +38,13 @@ class Lifecycle:
         journal = k.journal
         # In a worker thread: the journal's lock may be held through a commit's fsync (§4.1's writer).
         active = await anyio.to_thread.run_sync(journal.active_runs)
+        from driver.kernel import keep
+
+        resumed = await keep.prepare(k, active)
         for run_id, command_id in active:
+            if (run_id, command_id) == resumed:
+                k.spawn(keep.resume_run, k, run_id, command_id)  # PROTOCOL §8.2: the run continues
+                continue
             event_id = await k.runs.emit_for_run(
                 run_id,
                 "run.failed",

@@ -28,6 +28,7 @@ from driver.queue.journal_rows import CRASH, Finding, row_blob
 from driver.queue.journal_state import EndedRun, JournalState
 from driver.queue.rowmac import UNKEYED, RowMac
 from driver.queue.schema import (
+    DERIVED_KINDS,
     MIGRATIONS,
     RUN_TERMINAL_KINDS,
     SCHEMA,
@@ -255,9 +256,20 @@ class Journal(JournalCommands, JournalState):
         # A run stops being active in the same transaction that makes its terminal durable, so a restart
         # can never see an active run whose terminal is already on its way; the terminal is remembered
         # so the run's command status can mirror it after a restart.
+        # The run's count of derived lossless events (PROTOCOL §8.2 reattach: a successor re-derives
+        # them from the keeper's log and suppresses that many) moves in this same transaction, so the
+        # count never disagrees with the events journaled.
+        ended: dict[str, tuple[str, str | None]] = {}
+        derived: dict[str, int] = {}
         for _, _, run_id, kind, body in rows:
-            if kind in RUN_TERMINAL_KINDS and run_id:
-                self._run_terminal(run_id, kind, terminal_error(body))
+            if not run_id:
+                continue
+            if kind in RUN_TERMINAL_KINDS:
+                ended[run_id] = (kind, terminal_error(body))
+            elif kind in DERIVED_KINDS:
+                derived[run_id] = derived.get(run_id, 0) + 1
+        for run_id in ended.keys() | derived.keys():
+            self._run_update(run_id, ended.get(run_id), derived.get(run_id, 0))
 
     def _set_aside_event(self, seq: int, reason: str, *, report: bool = True) -> None:
         row = self._db.execute("SELECT seq, event_id, run_id, kind, body FROM outbox WHERE seq = ?", (seq,)).fetchone()

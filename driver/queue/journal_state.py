@@ -41,15 +41,17 @@ class JournalState:
 
     # -- runs ---------------------------------------------------------------------------------------
     def _run_mac(
-        self, run_id: object, command_id: object, started_at: object, terminal: object, error: object
+        self, run_id: object, command_id: object, started_at: object, terminal: object, error: object, derived: object
     ) -> bytes:
-        return self.mac.of("runs", run_id, command_id, started_at, terminal, error)  # type: ignore[arg-type]
+        # `derived` (the reattach's count of derived lossless events, driver/reattach.py) is covered too:
+        # an agent that lowered it would make a successor send journaled events twice.
+        return self.mac.of("runs", run_id, command_id, started_at, terminal, error, derived)  # type: ignore[arg-type]
 
     def run_started(self, run_id: str, command_id: str, started_at: str) -> None:
         with self._lock, self._tx():
             self._db.execute(
-                "INSERT OR REPLACE INTO runs(run_id, command_id, started_at, mac) VALUES(?, ?, ?, ?)",
-                (run_id, command_id, started_at, self._run_mac(run_id, command_id, started_at, None, None)),
+                "INSERT OR REPLACE INTO runs(run_id, command_id, started_at, derived, mac) VALUES(?, ?, ?, 0, ?)",
+                (run_id, command_id, started_at, self._run_mac(run_id, command_id, started_at, None, None, 0)),
             )
             # Ended runs are only kept to mirror their terminal into a command status after a restart.
             self._db.execute(
@@ -57,48 +59,61 @@ class JournalState:
                 (RUNS_KEPT,),
             )
 
-    def _run_terminal(self, run_id: str, terminal: str, error: str | None) -> None:
-        """Inside the commit that journals the run's terminal event."""
-        row = self._db.execute("SELECT command_id, started_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    def _run_update(self, run_id: str, ended: tuple[str, str | None] | None, derived_add: int) -> None:
+        """Inside the commit that journals the run's events: its terminal (kind, error) if one is among
+        them, and how many derived lossless events they add (PROTOCOL §8.2, driver/reattach.py). The row
+        is re-authenticated from its stored values, so a row already tampered with stays failing."""
+        row = self._db.execute(
+            "SELECT command_id, started_at, terminal, error, derived FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
         if row is None:
             return
-        mac = self._run_mac(run_id, row[0], row[1], terminal, error)
+        terminal, error = ended if ended is not None else (row[2], row[3])
+        derived = (row[4] if isinstance(row[4], int) else 0) + derived_add
+        mac = self._run_mac(run_id, row[0], row[1], terminal, error, derived)
         self._db.execute(
-            "UPDATE runs SET terminal = ?, error = ?, mac = ? WHERE run_id = ?", (terminal, error, mac, run_id)
+            "UPDATE runs SET terminal = ?, error = ?, derived = ?, mac = ? WHERE run_id = ?",
+            (terminal, error, derived, mac, run_id),
         )
 
     def run_ended(self, run_id: str) -> None:
         with self._lock, self._tx():
             self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
 
-    def _runs(self, where: str, args: tuple[object, ...]) -> list[tuple[str, str, str, str | None, str | None]]:
-        """Rows of `runs` that pass their check; the others are set aside."""
+    def _runs(self, where: str, args: tuple[object, ...]) -> list[tuple[str, str, str, str | None, str | None, int]]:
+        """Rows of `runs` that pass their check (with `derived` last); the others are set aside."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT run_id, command_id, started_at, terminal, error, mac FROM runs WHERE {where}", args
+                f"SELECT run_id, command_id, started_at, terminal, error, derived, mac FROM runs WHERE {where}", args
             ).fetchall()
             good: list[tuple[object, ...]] = []
             bad: list[tuple[object, ...]] = []
             for r in rows:
-                (good if self.mac.check(r[5], "runs", *r[:5]) else bad).append(r)
+                (good if self.mac.check(r[6], "runs", *r[:6]) else bad).append(r)
             if bad:
                 with self._tx():
                     for r in bad:
-                        self._set_aside("runs", r[0], "mac", tuple(r[:5]))
+                        self._set_aside("runs", r[0], "mac", tuple(r[:6]))
                         self._db.execute("DELETE FROM runs WHERE run_id = ?", (r[0],))
-        return [tuple(r[:5]) for r in good]  # type: ignore[misc]
+        return [tuple(r[:6]) for r in good]  # type: ignore[misc]
 
     def active_runs(self) -> list[tuple[str, str]]:
         """Runs started whose terminal was never journaled: (run_id, command_id)."""
         rows = self._runs("terminal IS NULL ORDER BY started_at", ())
         return [(r[0], r[1]) for r in rows]
 
+    def derived_count(self, run_id: str) -> int:
+        """How many lossless events derived from provider output the run has journaled (reattach). A
+        row that fails its check is set aside like any other: the run is then not active either."""
+        rows = self._runs("run_id = ?", (run_id,))
+        return int(rows[0][5]) if rows else 0
+
     def ended_run_of(self, command_id: str) -> EndedRun | None:
         """The run `command_id` started, if its terminal was journaled."""
         rows = self._runs("command_id = ? AND terminal IS NOT NULL", (command_id,))
         if not rows:
             return None
-        run_id, cid, _, terminal, raw = rows[0]
+        run_id, cid, _, terminal, raw, _ = rows[0]
         try:
             error = msgspec.json.decode(raw) if raw else None
         except msgspec.DecodeError:

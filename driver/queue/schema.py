@@ -56,6 +56,7 @@ MIGRATIONS = (
     ("runs", "mac", "BLOB"),
     ("texts", "mac", "BLOB"),
     ("transcript", "mac", "BLOB"),
+    ("runs", "derived", "INTEGER NOT NULL DEFAULT 0"),
 )
 # Set-aside rows kept for an operator to look at, at most this many (the oldest go first).
 SET_ASIDE_KEPT = 10_000
@@ -64,6 +65,22 @@ SET_ASIDE_KEPT = 10_000
 PRUNED_RANGES_KEPT = 1024
 
 RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+# The lossless run events an adapter derives from the provider's output alone, counted per run in the
+# transaction that journals them: a driver that reattaches to a kept provider re-derives its run's
+# events from the output log and suppresses the first `derived` of them (driver/reattach.py).
+DERIVED_KINDS = frozenset(
+    {
+        "message.started",
+        "message.completed",
+        "thought.started",
+        "thought.completed",
+        "tool.started",
+        "tool.completed",
+        "file.changed",
+        "plan.updated",
+        "usage.updated",
+    }
+)
 # Seqs are reserved in blocks so best-effort events (never journaled) still get seqs that no later
 # process reuses, without a write per event.
 SEQ_BLOCK = 65536

@@ -242,3 +242,19 @@ def test_the_unjournaled_bound_counts_the_window_and_the_pipe() -> None:
     bound = checks.unjournaled_bound(1000.0, 4 * 1024 * 1024, 128 * 1024, 300)
     assert bound == 4194 + 436 + 1
     assert checks.unjournaled_bound(0.0, 10, 10, 0) == 10 + 10 + 1  # never a division by zero
+
+
+def test_driver_killed_with_reattach_must_continue_the_run() -> None:
+    measured = {
+        "run_in_flight": "run.completed",
+        "native_session": "resumed",
+        "files_kept": True,
+        "memory_kept": True,
+        "text_whole": True,
+        "same_provider": True,
+        "model_requests_during_reattach": 0,
+    }
+    assert checks.judge_resume(measured, EXPECTED["driver killed (reattach)"]) == []
+    restarted = measured | {"run_in_flight": "run.failed{driver.restarted}", "model_requests_during_reattach": 1}
+    failures = checks.judge_resume(restarted, EXPECTED["driver killed (reattach)"])
+    assert len(failures) == 2 and "run_in_flight" in failures[0]

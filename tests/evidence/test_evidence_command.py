@@ -21,6 +21,7 @@ RESUME_CASES = [
     "link lost",
     "provider killed",
     "driver killed",
+    "driver killed (reattach)",  # not_measured for acp: it declares reattach unsupported
     "sandbox lost (cattle)",
     "sandbox lost (pet, memory_dir kept)",
 ]

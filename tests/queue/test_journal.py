@@ -302,6 +302,31 @@ def test_a_journaled_terminal_ends_the_run_and_is_remembered(tmp_path: Path) -> 
     j.close()
 
 
+def test_derived_events_are_counted_in_their_commit_and_authenticated(journal: Journal) -> None:
+    """PROTOCOL §8.2 (the keeper): `runs.derived` moves in the writer's transaction that journals the
+    events it counts, only for derived kinds, and the `runs` row's MAC covers it."""
+    journal.run_started("run-1", "cmd-1", "2026-11-29T10:00:00.000Z")
+    journal.run_started("run-2", "cmd-2", "2026-11-29T10:00:01.000Z")
+    journal.commit([ev(1, "message.started"), ev(2, "tool.started"), ev(3, "permission.requested")], ())
+    journal.commit([ev(4, "message.completed"), ev(5, "usage.updated", "run-2")], [1])
+    assert (journal.derived_count("run-1"), journal.derived_count("run-2")) == (3, 1)
+    j = reopen(journal)
+    assert j.derived_count("run-1") == 3
+    j.commit([ev(6, "message.completed"), ev(7, "run.completed")], ())
+    assert j.derived_count("run-1") == 4 and j.active_runs() == [("run-2", "cmd-2")]
+    # An agent that lowers the count (so that a successor would send journaled events again): the row
+    # fails its check, is set aside and reported, and the run is neither active nor counted.
+    j.close()
+    db = sqlite3.connect(j.path)
+    db.execute("UPDATE runs SET derived = 0 WHERE run_id = 'run-2'")
+    db.commit()
+    db.close()
+    j = Journal(j.path, synchronous="OFF")
+    assert j.derived_count("run-2") == 0 and j.active_runs() == []
+    assert [(f.table, f.key, f.reason) for f in j.take_findings()] == [("runs", "run-2", "mac")]
+    j.close()
+
+
 def test_an_older_journal_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     db = sqlite3.connect(path)

@@ -13,12 +13,13 @@ import contextlib
 import os
 import secrets
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agent_lab.evidence import checks
-from agent_lab.evidence.report import Case, Claim, judged
+from agent_lab.evidence.report import Case, Claim, judged, not_measured
 from agent_lab.evidence.rig import DriverProc, Rig, Sandbox, descendants, pgid_of, reap, wait_gone
 
 SLOW = "[[slow]]"
@@ -44,6 +45,16 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "files_kept": True,
         "memory_kept": True,
         "provider_processes_left": 0,
+    },
+    # PROTOCOL §8.2: with reattach_grace_ms, the run in flight continues under the new driver process.
+    "driver killed (reattach)": {
+        "run_in_flight": "run.completed",
+        "native_session": "resumed",
+        "files_kept": True,
+        "memory_kept": True,
+        "text_whole": True,
+        "same_provider": True,
+        "model_requests_during_reattach": 0,
     },
     # §8.1: the native session comes back from the last checkpoint, not as a replayed transcript.
     "sandbox lost (cattle)": {"native_session": "resumed", "restored_from": "checkpoint", "files_kept": False},
@@ -71,8 +82,8 @@ class Story:
         return self.box.instance
 
 
-async def seed(rig: Rig, runtime: str, box: Sandbox, word: str) -> DriverProc:
-    d = rig.start(runtime, box)
+async def seed(rig: Rig, runtime: str, box: Sandbox, word: str, **kw: Any) -> DriverProc:
+    d = rig.start(runtime, box, **kw)
     await rig.started(box.instance)
     await rig.turn(box.instance, "run-seed", f"[[say:noted]] remember the code word {word}")
     (box.cwd / "evidence-kept.txt").write_text(word)
@@ -178,6 +189,41 @@ async def driver_killed(rig: Rig, runtime: str, s: Story) -> Case:
     return _case(s.case, m, "SIGKILL of the driver process alone mid-stream; a new one on the same state_dir")
 
 
+async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
+    from driver.capabilities import capabilities_of
+
+    if "reattach" not in capabilities_of(runtime):
+        return not_measured(s.case, f"{runtime} declares reattach unsupported (docs/protocol.md, the keeper)")
+    grace = 30_000
+    d = await seed(rig, runtime, s.box, s.word, reattach_grace_ms=grace)
+    await in_flight(rig, s.instance)
+    from driver import kept
+
+    record = kept.read_record(s.box.state_dir)
+    provider = kept._children(record.keeper_pid) if record is not None else []
+    asked = len(rig.fakes.requests(runtime))
+    d.kill_driver_only()
+    t0 = time.monotonic()
+    rig.start(runtime, s.box, name="driver2", reattach_grace_ms=grace)
+    await rig.event(s.instance, lambda e: e["run_id"] == "run-hit" and e["epoch"] == 2)
+    reattach_ms = round((time.monotonic() - t0) * 1000)
+    term = await rig.terminal(s.instance, "run-hit", timeout=90)
+    asked_again = len(rig.fakes.requests(runtime)) - asked
+    record2 = kept.read_record(s.box.state_dir)
+    same = bool(provider) and record2 is not None and kept._children(record2.keeper_pid) == provider
+    after = await after_turn(rig, runtime, s.instance, s.word)
+    m = _measure(rig, s, s.instance, after, s.box, set())
+    from agent_lab.testing.script import SLOW_TEXT
+
+    m["text_whole"] = term["payload"].get("final_message_text", "").strip() == SLOW_TEXT
+    m["same_provider"] = same
+    m["model_requests_during_reattach"] = asked_again
+    m["reattach_ms"] = reattach_ms
+    return _case(
+        s.case, m, "SIGKILL of the driver process alone mid-stream with reattach_grace_ms; a new one reattaches"
+    )
+
+
 def _hello2(rig: Rig) -> float:
     later = [t for t, epoch in rig.tap.hellos if epoch == 2]
     return later[-1] if later else float("inf")
@@ -247,6 +293,7 @@ CASES: list[tuple[str, str, Callable[[Rig, str, Story], Awaitable[Case]]]] = [
     ("link lost", "pet", link_lost),
     ("provider killed", "pet", provider_killed),
     ("driver killed", "pet", driver_killed),
+    ("driver killed (reattach)", "pet", driver_killed_reattach),
     ("sandbox lost (cattle)", "cattle", sandbox_lost),
     ("sandbox lost (pet, memory_dir kept)", "pet", sandbox_lost),
 ]

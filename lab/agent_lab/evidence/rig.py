@@ -75,6 +75,7 @@ def payload(
     native_checkpoint: dict[str, Any] | None = None,
     acp_command: list[str] | None = None,
     acp_env: dict[str, str] | None = None,
+    reattach_grace_ms: int = 0,
 ) -> dict[str, Any]:
     """A boot payload running `runtime` offline against the fake model endpoints. `acp_command`
     replaces codex-acp by another ACP agent (the flood agent of the events claim)."""
@@ -85,6 +86,7 @@ def payload(
         "native_resume": native_resume,
         "recovery_messages": recovery_messages or [],
         "native_checkpoint": native_checkpoint,  # PROTOCOL §8.1
+        "reattach_grace_ms": reattach_grace_ms,
     }
     if runtime == "claude-agent-sdk":
         execution |= {

@@ -1,0 +1,48 @@
+"""How an adapter gets its provider process: spawned directly, spawned under a keeper, or reattached
+to the keeper a dead driver process left (PROTOCOL §8.2; driver/kept.py, driver/reattach.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import anyio.to_thread
+
+from driver import kept, logs, reattach
+from driver.adapters.base import AdapterConfig
+from driver.adapters.process import ProviderProcess, secret_values
+from driver.kept import KeeperError, KeptProcess
+
+log = logs.get(__name__)
+
+AnyProcess = ProviderProcess | KeptProcess
+
+
+async def provider_process(
+    argv: list[str], *, env: Mapping[str, str], cwd: Path, name: str, config: AdapterConfig, runtime: str
+) -> tuple[AnyProcess, reattach.Plan | None]:
+    """The process, and the reattach plan when it is a predecessor's provider (then it is already
+    initialized: no handshake, and the plan names the thread and the run to continue)."""
+    grace = config.execution.reattach_grace_ms
+    root = Path(config.session.state_dir)
+    if grace <= 0:
+        return await ProviderProcess.spawn(argv, env=env, cwd=cwd, name=name), None
+    logs.add(secret_values(env))
+    plan = reattach.take(root)
+    if plan is not None:
+        try:
+            proc = await KeptProcess.attach(root, plan.record, offset=plan.offset)
+        except KeeperError as exc:
+            log.warning("keeper.attach_failed", error=str(exc))
+            await anyio.to_thread.run_sync(kept.discard, root)
+        else:
+            plan.proc = proc
+            plan.attached = True
+            log.info("keeper.attached", provider_pid=proc.pid, run_id=plan.run_id, offset=plan.offset)
+            return proc, plan
+    if await anyio.to_thread.run_sync(kept.supported):
+        return (
+            await KeptProcess.spawn(argv, env=env, cwd=cwd, state_dir=root, runtime=runtime, grace_ms=grace),
+            None,
+        )
+    return await ProviderProcess.spawn(argv, env=env, cwd=cwd, name=name), None

@@ -1,0 +1,159 @@
+"""What a keeper leaves under `state_dir/driver/keeper/` for the next driver process (PROTOCOL §8.2):
+`record.json` (the keeper's pid and start time, its bwrap's pid, the runtime, the secret), `turn.json`
+(the run in flight, its thread, the output and input log offsets its turn started at), and reading the
+input log; and ending a recorded keeper. No I/O beyond these files and /proc.
+
+Both files carry a MAC (HMAC-SHA256 under the journal's key, driver/queue/rowmac.py), like
+`processes.json` (driver/containment.py): a file the driver did not write (an agent naming any same-uid
+pid as the keeper, or pointing a successor at other output) is not acted on, and is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver import containment
+from driver.queue.rowmac import UNKEYED, RowMac
+
+# The journal's key, set once by the CLI (`use_mac`) before any keeper is started or looked for.
+_mac: RowMac = UNKEYED
+
+
+def use_mac(mac: RowMac) -> None:
+    global _mac
+    _mac = mac
+
+
+def _mac_of(name: str, body: bytes) -> str:
+    return _mac.of("keeper", name, body).hex()
+
+
+def keeper_dir(state_dir: Path) -> Path:
+    return state_dir / "driver" / "keeper"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    bwrap_pid: int
+    keeper_pid: int
+    keeper_start: int
+    secret: str
+    runtime: str
+
+    def alive(self) -> bool:
+        return containment.start_time(self.keeper_pid) == self.keeper_start
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    run_id: str | None
+    thread_id: str
+    offset: int
+    in_offset: int = 0  # the input log's size when the turn was marked, just before its turn/start
+
+
+def _read_json(path: Path) -> Any:
+    """The file's value when it is the driver's own (its MAC checks); None when absent or not."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        data = None
+    body = data.get("value") if isinstance(data, dict) else None
+    mac = data.get("mac") if isinstance(data, dict) else None
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac_of(path.name, _canonical(body))):
+        containment.report("keeper", path.name, "mac")
+        return None
+    return body
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read_record(state_dir: Path) -> Record | None:
+    try:
+        raw = _read_json(keeper_dir(state_dir) / "record.json")
+        return Record(**{k: raw[k] for k in Record.__slots__})  # type: ignore[attr-defined]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_turn(state_dir: Path) -> Turn | None:
+    try:
+        raw = _read_json(keeper_dir(state_dir) / "turn.json")
+        run_id = raw["run_id"]
+        run = run_id if isinstance(run_id, str) else None
+        return Turn(run, str(raw["thread_id"]), int(raw["offset"]), int(raw.get("in_offset", 0)))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    # No fsync: these files serve a driver crash, which leaves the page cache intact.
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"value": value, "mac": _mac_of(path.name, _canonical(value))}, f)
+    tmp.replace(path)
+
+
+def discard(state_dir: Path) -> bool:
+    """End a recorded keeper (verified by its start time) and forget it: its namespace dies with it."""
+    record = read_record(state_dir)
+    killed = False
+    if record is not None and record.alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(record.keeper_pid, signal.SIGKILL)
+            killed = True
+    for name in ("record.json", "turn.json"):
+        with contextlib.suppress(OSError):
+            (keeper_dir(state_dir) / name).unlink()
+    return killed
+
+
+def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
+    """From the input log: the first request id a new driver may use (above every id a predecessor
+    sent), and the ids of the provider's requests a predecessor already answered."""
+    next_id, answered = 0, set()
+    try:
+        log_file = (keeper_dir(state_dir) / "in.log").open("rb")
+    except OSError:
+        return 0, set()
+    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
+        lines = [line for line in log_file if b'"id"' in line]
+    for line in lines:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(msg, dict) or "id" not in msg:
+            continue
+        if "method" in msg:
+            if isinstance(msg["id"], int):
+                next_id = max(next_id, msg["id"] + 1)
+        elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
+            answered.add(msg["id"])
+    return next_id, answered
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
