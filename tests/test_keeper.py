@@ -289,6 +289,12 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
         assert [(f.table, f.key, f.reason) for f in containment.take_findings()] == [
             ("keeper", "record.json", "mac")
         ] * 3
+        # turn.json names the run a successor continues and the output it re-reads: the same check.
+        keeper_state._write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "t", "offset": 0})
+        assert kept.read_turn(tmp_path) is not None
+        (folder / "turn.json").write_text(json.dumps({"run_id": "run-9", "thread_id": "t", "offset": 0}))
+        assert kept.read_turn(tmp_path) is None
+        assert [(f.table, f.key) for f in containment.take_findings()] == [("keeper", "turn.json")]
     finally:
         keeper_state.use_mac(keeper_state.UNKEYED)
         sleeper.kill()
