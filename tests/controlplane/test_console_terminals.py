@@ -136,7 +136,8 @@ def test_the_terminal_follows_the_window_size(page: Page) -> None:
 
 def test_a_control_plane_outage_is_caught_up_exactly(page: Page) -> None:
     pid = _shell(page)
-    go, done = page.tmp / "go.fifo", page.tmp / "done.fifo"
+    # In cwd: the boot file's folder is hidden from the shell's tree (PROTOCOL §9).
+    go, done = page.tmp / "cwd" / "go.fifo", page.tmp / "cwd" / "done.fifo"
     os.mkfifo(go)
     os.mkfifo(done)
     page.type(pid, f"cat {go}; seq 1 400 | tr '\\n' ' '; echo caught-up; echo x > {done}\n")
