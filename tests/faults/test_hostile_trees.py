@@ -81,8 +81,10 @@ async def test_non_utf8_names_are_escaped_with_path_b64(tmp_path: Path) -> None:
 
 
 async def test_symlinked_outputs_is_refused_and_huge_outputs_is_bounded(tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
+    # Outside cwd but visible to the agent's tools: the boot file's folder (tmp_path) is hidden from the
+    # provider tree (PROTOCOL §9), state_dir is bound back.
+    outside = tmp_path / "state" / "outside"
+    outside.mkdir(parents=True)
     (outside / "secret.txt").write_text("not an artifact of this run")
     async with control_plane(tmp_path) as cp:
         d = DriverProcess(tmp_path, boot_payload(tmp_path, cp.url))
@@ -103,7 +105,7 @@ async def test_symlinked_outputs_is_refused_and_huge_outputs_is_bounded(tmp_path
             (cwd / "outputs").unlink()
             (cwd / "outputs").mkdir()
             many = 1_000 + 25  # the count bound is 1,000 (driver/ports/outputs.py)
-            script = "ln -s ../../outside/secret.txt outputs/link; "
+            script = "ln -s ../../state/outside/secret.txt outputs/link; "
             script += f"for i in $(seq 1 {many}); do echo $i > outputs/f$(printf %05d $i).txt; done"
             assert (await shell_run(cp, "run-2", script))["status"] == "completed"
             arts = cp.events(INSTANCE, kinds="artifact.produced", run_id="run-2")
