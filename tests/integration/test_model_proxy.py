@@ -129,6 +129,11 @@ async def test_the_key_stays_outside_and_usage_is_measured(tmp_path: Path, fakes
             assert len(usage) >= 2, usage
             # Each model request the fake answered was measured once (the fake may also answer
             # requests of other kinds, e.g. a title, which are model requests too).
+            # A request of the agent's own (a title) may still be streaming when the run ends: its
+            # usage is measured when its answer ends, so wait for the counts to meet (never to pass).
+            measured = lambda: len(cp.events(INSTANCE, "model.usage")) == len(fake.request_headers[seen_before:])  # noqa: E731
+            await cp.wait_until(measured, timeout=30)
+            headers = fake.request_headers[seen_before:]
             assert len(cp.events(INSTANCE, "model.usage")) == len(headers), (usage, len(headers))
             for u in usage:
                 assert u["input_tokens"] > 0 and u["output_tokens"] > 0 and u["request_id"], u
