@@ -86,6 +86,9 @@ class ProcessRoom:
         self.procs: dict[str, Proc] = {}
         self._exited: deque[str] = deque()
         self._starting: set[str] = set()
+        self._no_start = anyio.Event()  # set while no process.start is between its checks and its spawn
+        self._no_start.set()
+        self._stopping = False
         self._generation = 0
 
     async def recover(self) -> None:
@@ -138,6 +141,8 @@ class ProcessRoom:
         return p
 
     async def start(self, c: cmds.ProcessStart) -> dict[str, Any]:
+        if self._stopping:  # session.stop has begun: a process started now would outlive its TERM
+            raise CommandFailed("driver.stopping", "the driver is stopping", retryable=True)
         old = self.procs.get(c.process_id)
         if c.process_id in self._starting or (old is not None and not old.exited.is_set()):
             raise CommandFailed("process.exists", f"process {c.process_id!r} is running")  # until its exit is out
@@ -146,10 +151,13 @@ class ProcessRoom:
             raise CommandFailed("process.limit", f"at most {MAX_PROCESSES} processes run at once", retryable=True)
         # Reserved before the first wait: two starts of one id, or a 17th, cannot both pass the checks.
         self._starting.add(c.process_id)
+        self._no_start = anyio.Event()
         try:
             return await self._start(c, old)
         finally:
             self._starting.discard(c.process_id)
+            if not self._starting:
+                self._no_start.set()
 
     async def _start(self, c: cmds.ProcessStart, old: Proc | None) -> dict[str, Any]:
         k = self.k
@@ -372,7 +380,13 @@ class ProcessRoom:
         p.ring.close(remove=True)
 
     async def stop_all(self) -> None:
-        """session.stop: TERM, KILL after 3 s, and wait until every `process.exited` is admitted."""
+        """session.stop: TERM, KILL after 3 s, and wait until every `process.exited` is admitted.
+
+        A start accepted before the stop may still be spawning: it is waited for (bounded), so its
+        process is ended here too and its exit reported, instead of outliving the driver unreported."""
+        self._stopping = True
+        with anyio.move_on_after(STOP_GRACE_S):
+            await self._no_start.wait()
         running = [p for p in self.procs.values() if not p.exited.is_set()]
         if not running:
             return

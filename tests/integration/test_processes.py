@@ -297,6 +297,35 @@ async def test_processes_survive_a_cancel_and_a_reset_and_session_stop_ends_them
         assert stored.index("process.exited") < len(stored) - 1
 
 
+async def test_a_start_still_spawning_when_the_stop_arrives_is_ended_and_reported(
+    tmp_path: Path, drivers: list[DriverProcess]
+) -> None:
+    """process.start and session.stop back to back: the start is either refused (driver.stopping) or
+    its process is TERMed by the stop and its process.exited stored before the driver exits."""
+    async with control_plane(tmp_path) as cp:
+        d = start_driver(tmp_path, cp.url, drivers)
+        await cp.wait_connected(INSTANCE, timeout=20)
+        starts = [
+            (await cp.send_command(INSTANCE, "process.start", process_id=f"late-{i}", argv=["sleep", "300"]))[0]
+            for i in range(3)
+        ]
+        stop, _ = await cp.send_command(INSTANCE, "session.stop", reason="done")
+        assert (await cp.wait_for_command_status(stop, timeout=30))["status"] == "completed"
+        assert await d.wait(timeout=30) == 0
+        outcomes = [await cp.wait_for_command_status(cid, timeout=5) for cid in starts]
+        started = {e["payload"]["process_id"]: e["payload"]["pid"] for e in cp.events(INSTANCE, "process.started")}
+        exited = {e["payload"]["process_id"]: e["payload"] for e in cp.events(INSTANCE, "process.exited")}
+        for i, status in enumerate(outcomes):
+            pid = f"late-{i}"
+            if status["status"] == "completed":
+                # TERM, or the KILL 3 s on if the TERM came in the containment's first microseconds.
+                assert pid in started and exited[pid]["signal"] in ("TERM", "KILL"), (status, exited)
+                assert not alive(started[pid])
+            else:
+                assert status["error"]["code"] == "driver.stopping" and pid not in started, status
+        assert set(exited) == set(started)
+
+
 @pytest.mark.parametrize("mode", ["auto", "subreaper"])  # auto is the PID namespace here
 async def test_processes_die_with_a_sigkilled_driver(mode: str, tmp_path: Path, drivers: list[DriverProcess]) -> None:
     (tmp_path / "cwd").mkdir(exist_ok=True)  # not beside the boot file: that folder is hidden (§9)
