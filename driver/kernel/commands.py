@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logs.get("driver.kernel.commands")
 
 TerminalStatus = Literal["completed", "failed", "cancelled"]
+RESOLVED_WAIT_S = 10.0  # how long a permission.resolve waits for its permission.resolved to be admitted
 
 
 class CommandDesk:
@@ -238,10 +239,15 @@ class CommandDesk:
                 )
             case cmds.PermissionResolve():
                 try:
-                    k.permissions.resolve(command.request_id, command.option_id)
+                    announced = k.permissions.resolve(command.request_id, command.option_id)
                 except PermissionCommandError as exc:
                     await fail(exc.code, exc.message)
                     return
+                # The decision's permission.resolved is admitted first: by the prefix rule (§4.1) this
+                # status is then never durable without it, so a successor never waits on a request the
+                # CP believes answered (§8.2). Bounded: the outbox's backpressure cannot hold the desk.
+                with anyio.move_on_after(RESOLVED_WAIT_S):
+                    await announced.wait()
                 await self.finish(cid, seq, fp, "completed")
             case cmds.HostToolResult():
                 try:

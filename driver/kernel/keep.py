@@ -38,6 +38,8 @@ async def prepare(k: Kernel, active: list[tuple[str, str]]) -> tuple[str, str] |
     run = Run(plan.run_id, command_id)
     journaled = await anyio.to_thread.run_sync(k.journal.derived_count, plan.run_id)
     run.replay = reattach.ReplayGate(journaled, plan)
+    # The permission requests the CP saw and the predecessor left open keep their request_ids (§8.2).
+    k.permissions.carry(await anyio.to_thread.run_sync(k.journal.asked_permissions, plan.run_id))
     k.run = run
     k.fire("run_started")
     log.info("run.reattaching", run_id=plan.run_id, journaled=journaled)
@@ -87,6 +89,8 @@ async def resume_run(k: Kernel, run_id: str, command_id: str) -> None:
             journaled=run.replay.journaled,
             dropped_best_effort=run.replay.dropped_best_effort,
         )
+    with anyio.CancelScope(shield=True):
+        await k.permissions.release_carried()  # before the terminal: no run event may follow it
     terminal_id = await k.runs.end_run(run, outcome, error)
     status = STATUS_OF[run.terminal or "run.failed"]
     k.outbox.watch(terminal_id)

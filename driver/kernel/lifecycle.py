@@ -38,6 +38,11 @@ class Lifecycle:
         journal = k.journal
         # In a worker thread: the journal's lock may be held through a commit's fsync (§4.1's writer).
         active = await anyio.to_thread.run_sync(journal.active_runs)
+        # A host tool call is an HTTP request to the MCP server that died with its process: whatever the
+        # run's fate, the call is over; its one host_tool.resolved comes now, before any run's terminal.
+        for call_id in await anyio.to_thread.run_sync(journal.open_host_calls):
+            log.info("host_tool.died_with_driver", call_id=call_id)
+            await k.emit("host_tool.resolved", {"call_id": call_id, "outcome": "cancelled"})
         from driver.kernel import keep
 
         resumed = await keep.prepare(k, active)

@@ -13,11 +13,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 
-from driver.interfaces import PermissionDecision, PermissionOption, PermissionRequest
+from driver.interfaces import PermissionDecision, PermissionOption, PermissionOptionKind, PermissionRequest
+from driver.queue.asked import Asked
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 DecidedBy = Literal["control_plane", "policy", "timeout", "cancel"]
@@ -36,6 +37,18 @@ class _Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     decision: PermissionDecision | None = None
     decided_by: DecidedBy = "control_plane"
+    # Set once `permission.resolved` is admitted: the CP's permission.resolve finishes after it, so its
+    # command status can never be durable without the decision it caused (PROTOCOL §4.1, §8.2).
+    announced: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
+class _Carried:
+    """A request a dead predecessor announced (PROTOCOL §8.2), not yet met again in the re-read output."""
+
+    asked: Asked
+    decided: PermissionDecision | None = None
+    announced: anyio.Event = field(default_factory=anyio.Event)
 
 
 class PermissionBroker:
@@ -57,18 +70,51 @@ class PermissionBroker:
         self._pending: dict[str, _Pending] = {}
         self._on_change = on_pending_change
         self.rejected_tool_calls: set[str] = set()
+        self._carried: dict[str, _Carried] = {}  # request_id → a predecessor's request (reattach)
+
+    def carry(self, records: list[Asked]) -> None:
+        """A reattach (PROTOCOL §8.2): the requests the run's dead predecessor announced, as journaled.
+        When the re-read output meets one again (same tool call), it keeps its `request_id` and
+        `expires_at` instead of being announced anew; one already decided is answered as decided.
+        `release_carried` when the continued run ends resolves what was never met."""
+        self._carried = {r.request_id: _Carried(r) for r in records}
+
+    def _take_carried(self, tool_call_id: str) -> _Carried | None:
+        for request_id, carried in self._carried.items():
+            if carried.asked.tool_call_id == tool_call_id:
+                del self._carried[request_id]
+                return carried
+        return None
 
     @property
     def pending_count(self) -> int:
         return len(self._pending)
 
     async def request(self, request: PermissionRequest) -> PermissionDecision:
-        request_id = f"{self._prefix}-{next(self._ids)}"
-        # The deadline is fixed together with `expires_at`, before `emit` (which may wait on the
-        # outbox's backpressure): the timeout fires at `expires_at`, however long the emit took.
-        deadline = anyio.current_time() + self.timeout_s
-        expires = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
+        carried = self._take_carried(request.tool_call_id) if self._carried else None
+        if carried is not None and carried.asked.outcome is not None:
+            # Decided and journaled before the predecessor died, never answered to the provider: both
+            # events are the CP's already, so nothing is emitted.
+            decision = _journaled_decision(carried.asked, request.options)
+            if decision.outcome != "allowed":
+                self.rejected_tool_calls.add(request.tool_call_id)
+            return decision
         pending = _Pending(request)
+        if carried is not None:
+            # The CP has this request_id already: it keeps it and its expires_at, and is not told twice.
+            request_id = carried.asked.request_id
+            left = (_parse_time(carried.asked.expires_at) or datetime.now(UTC)) - datetime.now(UTC)
+            deadline = anyio.current_time() + max(0.0, left.total_seconds())
+            pending.announced = carried.announced
+            if carried.decided is not None:  # the CP answered before the output got here again
+                pending.decision = carried.decided
+                pending.done.set()
+        else:
+            request_id = f"{self._prefix}-{next(self._ids)}"
+            # The deadline is fixed together with `expires_at`, before `emit` (which may wait on the
+            # outbox's backpressure): the timeout fires at `expires_at`, however long the emit took.
+            deadline = anyio.current_time() + self.timeout_s
+            expires = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
         supervised = self.policy != "full_access"
         if supervised:
             # Pending from the start: the event may reach the CP, and its answer come back, while
@@ -76,16 +122,19 @@ class PermissionBroker:
             self._pending[request_id] = pending
             self._on_change(len(self._pending))
         try:
-            await self._emit(
-                "permission.requested",
-                {
-                    "request_id": request_id,
-                    "tool_call_id": request.tool_call_id,
-                    "title": request.title,
-                    "options": [{"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options],
-                    "expires_at": expires.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                },
-            )
+            if carried is None:
+                await self._emit(
+                    "permission.requested",
+                    {
+                        "request_id": request_id,
+                        "tool_call_id": request.tool_call_id,
+                        "title": request.title,
+                        "options": [
+                            {"option_id": o.option_id, "kind": o.kind, "label": o.label} for o in request.options
+                        ],
+                        "expires_at": expires.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    },
+                )
             if supervised:
                 try:
                     with anyio.move_on_at(deadline):
@@ -94,15 +143,7 @@ class PermissionBroker:
                     # The provider withdrew its request (Codex `serverRequest/resolved`, ACP
                     # `$/cancel_request`): the control plane must not be left waiting on it.
                     with anyio.CancelScope(shield=True):
-                        await self._emit(
-                            "permission.resolved",
-                            {
-                                "request_id": request_id,
-                                "outcome": "cancelled",
-                                "option_id": None,
-                                "decided_by": "cancel",
-                            },
-                        )
+                        await self._announce(request_id, pending, "cancelled", None, "cancel")
                     raise
         finally:
             if supervised:
@@ -123,20 +164,35 @@ class PermissionBroker:
         decision = pending.decision
         if decision.outcome != "allowed":
             self.rejected_tool_calls.add(request.tool_call_id)
-        await self._emit(
-            "permission.resolved",
-            {
-                "request_id": request_id,
-                "outcome": decision.outcome,
-                "option_id": decision.option_id,
-                "decided_by": pending.decided_by,
-            },
-        )
+        await self._announce(request_id, pending, decision.outcome, decision.option_id, pending.decided_by)
         return decision
 
-    def resolve(self, request_id: str, option_id: str) -> None:
-        """Apply the control plane's decision. Raises PermissionCommandError for an unknown request/option."""
+    async def _announce(
+        self, request_id: str, pending: _Pending, outcome: str, option_id: str | None, decided_by: DecidedBy
+    ) -> None:
+        try:
+            await self._emit(
+                "permission.resolved",
+                {"request_id": request_id, "outcome": outcome, "option_id": option_id, "decided_by": decided_by},
+            )
+        finally:
+            pending.announced.set()
+
+    def resolve(self, request_id: str, option_id: str) -> anyio.Event:
+        """Apply the control plane's decision. Raises PermissionCommandError for an unknown request/option.
+        Returns the event set once the decision's `permission.resolved` is admitted (the caller finishes
+        the command after it). A request carried over a reattach and not met again yet takes the
+        decision now; it is announced when the re-read output reaches the request."""
         pending = self._pending.get(request_id)
+        carried = self._carried.get(request_id) if pending is None else None
+        if carried is not None and carried.decided is None:
+            kinds = dict(carried.asked.options)
+            if option_id not in kinds:
+                raise PermissionCommandError(
+                    "permission.unknown_option", f"option {option_id!r} is not one of request {request_id!r}'s options"
+                )
+            carried.decided = _decision(option_id, kinds[option_id])
+            return carried.announced
         if pending is None or pending.done.is_set():
             raise PermissionCommandError("permission.unknown_request", f"no pending permission request {request_id!r}")
         option = next((o for o in pending.request.options if o.option_id == option_id), None)
@@ -144,10 +200,10 @@ class PermissionBroker:
             raise PermissionCommandError(
                 "permission.unknown_option", f"option {option_id!r} is not one of request {request_id!r}'s options"
             )
-        outcome: Literal["allowed", "rejected"] = "allowed" if option.kind.startswith("allow") else "rejected"
-        pending.decision = PermissionDecision(outcome, option.option_id, option.kind)
+        pending.decision = _decision(option.option_id, option.kind)
         pending.decided_by = "control_plane"
         pending.done.set()
+        return pending.announced
 
     def cancel_all(self) -> int:
         """Resolve every pending request `cancelled` (a run is being cancelled). Returns how many."""
@@ -158,8 +214,50 @@ class PermissionBroker:
                 pending.decided_by = "cancel"
                 pending.done.set()
                 n += 1
+        for carried in self._carried.values():
+            if carried.decided is None:
+                carried.decided = PermissionDecision("cancelled", None, None)
+                n += 1
         return n
+
+    async def release_carried(self) -> None:
+        """The continued run ends (PROTOCOL §8.2): a predecessor's request the re-read output never met
+        again is resolved `cancelled` (or as the CP decided it), so the CP is never left waiting on it.
+        Called before the run's terminal, which no run event may follow."""
+        carried, self._carried = self._carried, {}
+        for c in carried.values():
+            if c.asked.outcome is not None:
+                continue  # resolved already, as the CP knows
+            # Even one the CP decided: the provider never had the decision applied.
+            pending = _Pending(PermissionRequest(c.asked.tool_call_id, "", ()), announced=c.announced)
+            await self._announce(c.asked.request_id, pending, "cancelled", None, "cancel")
 
 
 def _first(options: tuple[PermissionOption, ...], prefix: str) -> PermissionOption | None:
     return next((o for o in options if o.kind.startswith(prefix)), None)
+
+
+def _decision(option_id: str, kind: str) -> PermissionDecision:
+    outcome: Literal["allowed", "rejected"] = "allowed" if kind.startswith("allow") else "rejected"
+    return PermissionDecision(outcome, option_id, cast(PermissionOptionKind, kind))
+
+
+def _journaled_decision(record: Asked, options: tuple[PermissionOption, ...]) -> PermissionDecision:
+    """A predecessor's journaled decision, in the re-met request's terms."""
+    outcome = record.outcome if record.outcome in ("allowed", "rejected", "cancelled", "timed_out") else "cancelled"
+    option = next((o for o in options if o.option_id == record.option_id), None)
+    if option is None and outcome != "allowed":
+        option = _first(options, "reject")
+    return PermissionDecision(
+        cast(Literal["allowed", "rejected", "cancelled", "timed_out"], outcome),
+        option.option_id if option else record.option_id,
+        option.kind if option else None,
+    )
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)

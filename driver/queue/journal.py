@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from driver.queue import asked
 from driver.queue.command_index import CommandIndex, StoredCommand
 from driver.queue.journal_commands import PRUNED_RANGES_KEY, JournalCommands
 from driver.queue.journal_rows import CRASH, Finding, row_blob
@@ -270,6 +271,15 @@ class Journal(JournalCommands, JournalState):
                 derived[run_id] = derived.get(run_id, 0) + 1
         for run_id in ended.keys() | derived.keys():
             self._run_update(run_id, ended.get(run_id), derived.get(run_id, 0))
+        # The permission requests each run has open, as the CP saw them (driver/queue/asked.py), move in
+        # this transaction too: a successor adopts exactly the request_ids that became durable.
+        for _, _, run_id, kind, body in rows:
+            if run_id and kind in asked.KINDS:
+                self._permission_update(run_id, kind, body)
+            elif kind in asked.HOST_CALL_KINDS:
+                self._host_call_update(body)
+        for run_id in ended:
+            self._permissions_forget(run_id)
 
     def _set_aside_event(self, seq: int, reason: str, *, report: bool = True) -> None:
         row = self._db.execute("SELECT seq, event_id, run_id, kind, body FROM outbox WHERE seq = ?", (seq,)).fetchone()

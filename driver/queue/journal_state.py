@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from driver.queue import asked
 from driver.queue.schema import RUNS_KEPT, TRANSCRIPT_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -158,6 +159,68 @@ class JournalState:
                 self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
             else:
                 self._set_text_row(key, value)
+
+    # -- the permission requests a run has open (PROTOCOL §8.2, driver/queue/asked.py) ------------
+    def _permission_update(self, run_id: str, kind: str, body: bytes) -> None:
+        if kind == "permission.requested":
+            change = asked.requested(body)
+        else:
+            request_id = asked.request_id_of(body)
+            before = self._text_checked(asked.key_of(run_id, request_id)) if request_id else None
+            change = asked.resolved(body, before)
+        if change is not None:
+            self._set_text_row(asked.key_of(run_id, change[0]), change[1])
+
+    def _permissions_forget(self, run_id: str) -> None:
+        prefix = asked.run_prefix(run_id)
+        self._db.execute(  # not a run whose id starts with this one's and a slash
+            "DELETE FROM texts WHERE substr(key, 1, ?) = ? AND instr(substr(key, ?), '/') = 0",
+            (len(prefix), prefix, len(prefix) + 1),
+        )
+
+    def asked_permissions(self, run_id: str) -> list[asked.Asked]:
+        """The permission requests `run_id` has journaled and not yet ended with the run (open or
+        decided), oldest first; records that fail their check are set aside, not returned."""
+        prefix = asked.run_prefix(run_id)
+        with self._lock, self._tx():
+            keys = [
+                str(r[0])
+                for r in self._db.execute(
+                    "SELECT key FROM texts WHERE substr(key, 1, ?) = ? ORDER BY rowid", (len(prefix), prefix)
+                ).fetchall()
+            ]
+            out = []
+            for key in keys:
+                if "/" in key[len(prefix) :]:
+                    continue  # another run's, whose id starts with this one's and a slash
+                value = self._text_checked(key)
+                record = asked.parse(key, value) if value is not None else None
+                if record is not None:
+                    out.append(record)
+        return out
+
+    def _host_call_update(self, body: bytes) -> None:
+        change = asked.host_call(body)
+        if change is None:
+            return
+        key, value = change
+        if value is None:
+            self._db.execute("DELETE FROM texts WHERE key = ?", (key,))
+        else:
+            self._set_text_row(key, value)
+
+    def open_host_calls(self) -> list[str]:
+        """The call_ids of host tool calls a `host_tool.called` announced and no `host_tool.resolved`
+        settled (a dead predecessor's), oldest first; records that fail their check are set aside."""
+        prefix = asked.HOST_CALL_PREFIX
+        with self._lock, self._tx():
+            keys = [
+                str(r[0])
+                for r in self._db.execute(
+                    "SELECT key FROM texts WHERE substr(key, 1, ?) = ? ORDER BY rowid", (len(prefix), prefix)
+                ).fetchall()
+            ]
+            return [key[len(prefix) :] for key in keys if self._text_checked(key) is not None]
 
     # -- the transcript (PROTOCOL §8) ---------------------------------------------------------------
     def transcript(self) -> list[tuple[str, str]]:

@@ -70,3 +70,32 @@ async def test_cancelled_run_resolves_its_open_host_tool_call(tmp_path: Path, fa
             assert resolved(cp) == [{"call_id": called["payload"]["call_id"], "outcome": "cancelled"}]
         finally:
             d.close()
+
+
+async def test_a_call_open_when_the_driver_dies_is_resolved_by_the_next_process(tmp_path: Path, fakes: Fakes) -> None:
+    """PROTOCOL §6.3's "exactly one host_tool.resolved" across a SIGKILL: the call's HTTP request died
+    with the dead process's MCP server, so the next process resolves it `cancelled` (journaled open calls,
+    driver/queue/asked.py) before the run's driver.restarted."""
+    async with control_plane(tmp_path) as cp:
+        payload = with_host_tool(runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes), 600_000)
+        d = Driver(tmp_path, payload)
+        try:
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": CALL})
+            called = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "host_tool.called", timeout=60)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            d = Driver(tmp_path, payload, name="driver2")
+            terminal = await wait_terminal(cp, "run-1")
+            assert terminal["kind"] == "run.failed" and terminal["payload"]["error"]["code"] == "driver.restarted"
+            assert resolved(cp) == [{"call_id": called["payload"]["call_id"], "outcome": "cancelled"}]
+            kinds = [e["kind"] for e in cp.events(INSTANCE) if e["kind"] in ("host_tool.resolved", "run.failed")]
+            assert kinds == ["host_tool.resolved", "run.failed"]
+            # Settled for good: a third process resolves nothing again.
+            stop, _ = await cp.send_command(INSTANCE, "session.stop", reason="done")
+            assert (await cp.wait_for_command_status(stop, timeout=30))["status"] == "completed"
+            assert await d.wait(30) == 0
+            d = Driver(tmp_path, payload, name="driver3")
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started" and e["epoch"] == 3, timeout=60)
+            assert len(resolved(cp)) == 1
+        finally:
+            d.close()

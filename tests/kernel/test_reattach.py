@@ -133,6 +133,8 @@ async def test_driver_killed_mid_stream_the_run_continues(kills: int, tmp_path: 
 
 @pytest.mark.provider
 async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, fakes: Fakes) -> None:
+    """The request the dead driver announced keeps its request_id: the CP answers the request it saw,
+    the new process announces nothing twice, and the approved command runs in the same provider."""
     state = tmp_path / "state"
     async with control_plane(tmp_path) as cp:
         d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
@@ -140,25 +142,26 @@ async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, 
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
             text = runtimes.PERMISSION[RUNTIME]
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
-            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=60)
+            asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=60)
             pid = provider_pid(state)
             d.kill()
             await cp.wait_disconnected(INSTANCE, timeout=10)
             d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), name="driver2", env=FAST)
-            # The request the dead driver never answered is asked again, by the new process.
-            asked = await cp.wait_for_event(
-                INSTANCE, lambda e: e["kind"] == "permission.requested" and e["epoch"] == 2, timeout=60
-            )
-            assert asked["run_id"] == "run-1"
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started" and e["epoch"] == 2, timeout=60)
             allow = next(o["option_id"] for o in asked["payload"]["options"] if o["kind"] == "allow_once")
-            await cp.send_command(
+            resolve, _ = await cp.send_command(
                 INSTANCE, "permission.resolve", request_id=asked["payload"]["request_id"], option_id=allow
             )
+            assert (await cp.wait_for_command_status(resolve, timeout=30))["status"] == "completed"
             status = await cp.wait_for_command_status(cid, timeout=90)
             assert status["status"] == "completed", status
             assert (tmp_path / "cwd" / "notes.txt").exists(), "the approved command did not run"
             check_run(cp, "run-1", terminal="run.completed")
             assert provider_pid(state) == pid
+            requested = [e["payload"]["request_id"] for e in cp.events(INSTANCE, "permission.requested")]
+            assert requested == [asked["payload"]["request_id"]], "a request was announced twice"
+            decided = [e["payload"] for e in cp.events(INSTANCE, "permission.resolved")]
+            assert [(p["request_id"], p["outcome"]) for p in decided] == [(requested[0], "allowed")]
         finally:
             d.close()
             kept.discard(state)
