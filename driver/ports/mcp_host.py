@@ -52,10 +52,11 @@ class _BadRequest(Exception):
 
 
 class McpHostServer:
-    def __init__(self, tools: Sequence[HostTool], port: HostToolPort) -> None:
+    def __init__(self, tools: Sequence[HostTool], port: HostToolPort, token: str | None = None) -> None:
         self.tools = list(tools)
         self._port = port
-        self.token = secrets.token_urlsafe(32)
+        # A continued provider (PROTOCOL §8.2) presents the token its dead driver's server gave it.
+        self.token = token or secrets.token_urlsafe(32)
         logs.add([self.token])  # handed to the provider in its environment: never in a log line
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -66,8 +67,16 @@ class McpHostServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port_number}/mcp"
 
-    async def start(self) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    async def start(self, port: int = 0) -> None:
+        """Listen on 127.0.0.1:`port` (a reattach asks for the dead driver's, which the continued
+        provider still calls), or on an ephemeral port when that one is taken or none is asked for."""
+        try:
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+        except OSError as exc:
+            if not port:
+                raise
+            log.warning("mcp_host.port_taken", port=port, error=exc.strerror or type(exc).__name__)
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         self._listener = listener
         self.port_number = int(listener.extra(anyio.abc.SocketAttribute.local_port))
         self._task = asyncio.get_running_loop().create_task(self._serve(listener), name="mcp-host")

@@ -89,3 +89,28 @@ async def test_requires_the_token_and_closes() -> None:
         await server.close()
     with pytest.raises(OSError):
         await anyio.to_thread.run_sync(_post, server, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+
+
+async def test_a_successor_serves_the_same_address_and_token_or_says_the_port_is_taken() -> None:
+    """PROTOCOL §8.2: a continued provider keeps calling the dead driver's server address with its token."""
+    listed = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    first = McpHostServer(TOOLS, EchoHostTools())
+    await first.start()
+    address, token = first.port_number, first.token
+    await first.close()
+    second = McpHostServer(TOOLS, EchoHostTools(), token=token)
+    await second.start(address)
+    try:
+        assert (second.port_number, second.token) == (address, token)
+        with anyio.fail_after(10):
+            status, answer = await anyio.to_thread.run_sync(_post, second, listed, token)
+        assert status == 200 and answer["result"]["tools"][0]["name"] == "lookup_order"
+        # The address is in use (by the second server): a third gets an ephemeral port instead of failing.
+        third = McpHostServer(TOOLS, EchoHostTools(), token=token)
+        await third.start(address)
+        try:
+            assert third.port_number not in (0, address)
+        finally:
+            await third.close()
+    finally:
+        await second.close()
