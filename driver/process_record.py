@@ -25,7 +25,7 @@ from driver import logs
 from driver.queue.journal_rows import Finding
 from driver.queue.rowmac import UNKEYED, RowMac
 
-log = logs.get("driver.containment")
+log = logs.get("driver.containment")  # one logger for both halves: the log lines keep their names
 
 RECORD_NAME = "processes.json"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from driver.protocol.events import RUN_TERMINALS, EventKind
 
@@ -24,10 +24,11 @@ HOST_TOOL_CALLED = "host_tool.called"  # run-scoped, but stamped with the run it
 class Verdict:
     admitted: bool
     run_id: str | None = None
+    dropped: Literal["", "after_terminal", "replayed"] = ""  # why it was not admitted
     count_drop: bool = False  # a best-effort event the replay gate dropped: counted for its run
 
 
-AFTER_TERMINAL = Verdict(False)
+AFTER_TERMINAL = Verdict(False, dropped="after_terminal")
 
 
 def judge(kind: str, spec: EventKind, payload: dict[str, Any], run: Run | None) -> Verdict:
@@ -44,7 +45,7 @@ def judge(kind: str, spec: EventKind, payload: dict[str, Any], run: Run | None) 
         run_id = payload.get("run_id")
     replay = run.replay if run is not None and run_id == run.run_id else None
     if replay is not None and not replay.admits(kind, spec.delivery):
-        return Verdict(False, run_id, count_drop=spec.delivery == "best_effort")
+        return Verdict(False, run_id, dropped="replayed", count_drop=spec.delivery == "best_effort")
     return Verdict(True, run_id)
 
 

@@ -208,7 +208,7 @@ class Kernel:
         if not verdict.admitted:
             if verdict.count_drop:
                 self.outbox.best_effort.count_drop(verdict.run_id)
-            elif verdict is admission.AFTER_TERMINAL and run is not None:
+            elif verdict.dropped == "after_terminal" and run is not None:
                 log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
             return None
         run_id = verdict.run_id

@@ -44,7 +44,7 @@ async def test_run_scoped_events_carry_the_active_run_and_note_its_tools() -> No
 async def test_after_the_terminal_only_terminals_pass() -> None:
     run = Run("run-1", "cmd-1")
     run.terminal = "run.completed"
-    assert _judge("message.delta", {}, run) is admission.AFTER_TERMINAL
+    assert _judge("message.delta", {}, run) == admission.AFTER_TERMINAL
     assert _judge("run.completed", {}, run) == admission.Verdict(True, "run-1")
 
 
@@ -59,8 +59,8 @@ async def test_the_replay_gate_drops_and_counts_only_best_effort_drops() -> None
     run.replay = gate
     lossless = _judge("tool.started", {"tool_call_id": "t1", "name": "Bash"}, run)
     best_effort = _judge("message.delta", {}, run)
-    assert lossless == admission.Verdict(False, "run-1", count_drop=False)
-    assert best_effort == admission.Verdict(False, "run-1", count_drop=True)
+    assert lossless == admission.Verdict(False, "run-1", dropped="replayed", count_drop=False)
+    assert best_effort == admission.Verdict(False, "run-1", dropped="replayed", count_drop=True)
     assert gate.asked == ["tool.started", "message.delta"]
     assert run.tools_started == {"t1": "Bash"}  # noted on the run even when the gate drops it
 
