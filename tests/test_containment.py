@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import containment
+from driver import containment, process_record
 
 pytestmark = pytest.mark.anyio
 
@@ -78,7 +78,7 @@ async def test_predecessor_processes_are_killed_only_when_their_start_time_match
             if p.returncode is None:
                 p.kill()
                 await p.wait()
-        containment._record = None
+        process_record._record = None
 
 
 @pytest.mark.parametrize("mode", ["pidns", "subreaper"])

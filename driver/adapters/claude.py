@@ -5,15 +5,14 @@ API stream events, whole assistant messages, tool results, the turn's result) ar
 events by `TurnTranslator`. Permission prompts arrive through `can_use_tool` on an SDK task of its
 own and go through the permission port; the turn loop keeps draining messages meanwhile, because the
 SDK buffers only 100 and would stall the CLI otherwise.
+
+The CLI's client and process are `claude_cli.ClaudeCli`; a permission prompt's request and answer are
+`claude_permissions`, a turn's end `claude_outcome`; this module runs the session and its turns.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import os
-import signal
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,28 +21,27 @@ from typing import Any, ClassVar
 import anyio
 import claude_agent_sdk as sdk
 
-from driver import containment, logs
-from driver.adapters import attachments, claude_setup
+from driver import logs
+from driver.adapters import attachments, claude_permissions, claude_setup
 from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
     PathNotAllowed,
-    PermissionOption,
-    PermissionRequest,
     Ports,
     ProviderError,
     SteerRefused,
     TurnOutcome,
 )
+from driver.adapters.claude_cli import ClaudeCli, ResumeFailed
 from driver.adapters.claude_options import (
     RUNTIME,
     recovery_preamble,
 )
+from driver.adapters.claude_outcome import cost_share, turn_outcome
 from driver.adapters.claude_turn import (
     FileTouched,
     TurnTranslator,
-    cli_pid,
     init_session,
     one_message,
     prompts_answered,
@@ -54,28 +52,10 @@ from driver.adapters.claude_turn import (
 from driver.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 
-STDERR_LINES = 200
-STDERR_LINE_CHARS = 2000
 INTERRUPT_TIMEOUT_S = 5.0
 # After a cancel: how long the turn waits for the CLI's answer to a steer it had taken (interrupted
 # too), within the kernel's 5 s interrupt grace.
 STEER_ORPHAN_S = 3.0
-DISCONNECT_TIMEOUT_S = 10.0
-HOST_TOOL_PREFIX = "mcp__host__"  # how the CLI names the tools of the in-process `host` MCP server
-
-PERMISSION_OPTIONS: tuple[PermissionOption, ...] = (
-    PermissionOption("allow_once", "allow_once", "Allow once"),
-    PermissionOption("allow_always", "allow_always", "Allow for this session"),
-    PermissionOption("reject_once", "reject_once", "Reject"),
-)
-
-
-class ResumeFailed(Exception):
-    pass
-
-
-# --------------------------------------------------------------------------------------------------
-# The adapter
 
 
 class ClaudeAdapter(Adapter):
@@ -85,21 +65,18 @@ class ClaudeAdapter(Adapter):
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)
-        self._client: Any = None
         self._session_id: str | None = None  # the native session id the CLI runs
         self._announced: str | None = None  # the last id sent in runtime.resume.updated
         self._recovery_pending = ""
-        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         # The one redactor (driver/logs.py): the token and every value of execution.environment are in it.
         logs.add(config.execution.environment.values())
         self._redact: Callable[[str], str] = logs.redact
+        self._cli = ClaudeCli(self._redact)
         self._translator: TurnTranslator | None = None
         self._tools_started: set[str] = set()
         self._refused: dict[str, str] = {}
         self._cancelling = False
-        self._launcher_used = False
         self._pending_diagnostics: list[str] = []
-        self.connect_seconds: float | None = None  # measured, for driver.started timings
         self._cwd = Path(config.session.cwd).resolve()
         self._cost_total = 0.0  # the CLI's running cost total at the last result
         # The prompts of the running turn still waiting for their result: the run's own and each
@@ -112,6 +89,11 @@ class ClaudeAdapter(Adapter):
     @property
     def native_id(self) -> str | None:
         return self._session_id
+
+    @property
+    def connect_seconds(self) -> float | None:
+        """How long the last CLI took to connect (driver.started timings)."""
+        return self._cli.connect_seconds
 
     async def start(self) -> None:
         execution = self.config.execution
@@ -143,97 +125,32 @@ class ClaudeAdapter(Adapter):
     async def _connect(self, resume: str | None) -> None:
         session_id = resume or str(uuid.uuid4())
         options = self._options(resume=resume, session_id=None if resume else session_id)
-        client = sdk.ClaudeSDKClient(options)
-        started = time.monotonic()
-        try:
-            await client.connect()
-        except Exception as exc:
-            with anyio.CancelScope(shield=True):
-                await self._disconnect(client)
-            message = self._redact(str(exc))
-            if resume is not None:
-                raise ResumeFailed(f"could not resume Claude session {resume}: {message}") from None
-            raise ProviderError(
-                "provider.start_failed",
-                f"Claude Code did not start: {message}",
-                retryable=True,
-                details={"stderr_tail": self.stderr_tail()},
-            ) from None
-        self.connect_seconds = time.monotonic() - started
-        self._client = client
-        if (pid := cli_pid(client)) is not None:
-            containment.started(pid)  # so the next driver process can clean up after this one
+        await self._cli.connect(options, resume=resume)
         self._cost_total = 0.0  # a new CLI process counts its cost from zero
         self._session_id = session_id
 
     def _options(self, *, resume: str | None, session_id: str | None) -> Any:
-        options, self._pending_diagnostics, self._launcher_used = claude_setup.client_options(
+        options, self._pending_diagnostics, self._cli.launcher_used = claude_setup.client_options(
             self.config,
             self.ports.host_tools,
             resume=resume,
             session_id=session_id,
-            on_stderr=self._on_stderr,
+            on_stderr=self._cli.on_stderr,
             can_use_tool=self._can_use_tool,
         )
         return options
 
-    def _on_stderr(self, line: str) -> None:
-        self._stderr.append(line[:STDERR_LINE_CHARS])
-
     def stderr_tail(self) -> str:
-        return self._redact("\n".join(self._stderr))
+        return self._cli.stderr_tail()
 
     async def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await self._disconnect(client)
-
-    async def _disconnect(self, client: Any) -> None:
-        pgid = self._pgid(client)
-        pid = cli_pid(client)
-        # Shielded: stop() is often reached while being cancelled. A dead CLI must not make it raise.
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(DISCONNECT_TIMEOUT_S),
-            contextlib.suppress(Exception),
-        ):
-            await client.disconnect()
-        if pgid is not None:
-            # Whatever the CLI left behind in its group (shell tools, MCP servers) goes with it.
-            with contextlib.suppress(PermissionError):
-                containment.kill_group(pgid, signal.SIGKILL)
-        if pid is not None:
-            containment.ended(pid)
-
-    def _pgid(self, client: Any) -> int | None:
-        if not self._launcher_used:
-            return None  # without the launcher the CLI shares the driver's own group
-        process = getattr(getattr(client, "_transport", None), "_process", None)
-        pid = getattr(process, "pid", None)
-        if not isinstance(pid, int) or getattr(process, "returncode", None) is not None:
-            return None
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            return None
-        return pgid if pgid == pid and pgid != os.getpgrp() else None
+        await self._cli.stop()
 
     def process_group_ids(self) -> list[int]:
-        pgid = self._pgid(self._client) if self._client is not None else None
-        return [pgid] if pgid is not None else []
+        return self._cli.group_ids()
 
     async def wait_exited(self) -> None:
-        # The CLI is the SDK transport's child process. Watch whichever client is current: stop() and
-        # reset() drop `_client` before disconnecting, so an exit we caused is never reported.
-        while True:
-            client = self._client
-            process = getattr(getattr(client, "_transport", None), "_process", None)
-            if process is None:
-                await anyio.sleep(0.5)  # not connected (stopped, or between reset's stop and connect)
-                continue
-            await process.wait()
-            if self._client is client:
-                return
+        await self._cli.wait_exited()
 
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._session_id
@@ -254,7 +171,7 @@ class ClaudeAdapter(Adapter):
     # -- turns -------------------------------------------------------------------------------------
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
-        client = self._client
+        client = self._cli.client
         if client is None:
             raise ProviderError("provider.not_running", "the Claude Code CLI is not running", retryable=True)
         content = self._content(self._recovery_pending + run_input.text, run_input)
@@ -288,7 +205,7 @@ class ClaudeAdapter(Adapter):
         message while the turn runs. Claude Code takes it into the running turn: the model gets it in
         the turn's next request (after the response or tool call under way), and the turn's result
         names it among the prompts it answered; `_drain` waits for every prompt of the turn."""
-        client, translator = self._client, self._translator
+        client, translator = self._cli.client, self._translator
         if client is None or translator is None or translator.run_id != run_id or self._turn_over:
             raise SteerRefused("run.not_active", "no Claude turn is running for this run")
         if self._cancelling:
@@ -380,39 +297,16 @@ class ClaudeAdapter(Adapter):
         usage = usage_payload(result)
         total = usage["cost_usd"]
         if total is not None:
-            # Claude Code reports the session's running total; a run's usage is its own share. A total
-            # below the last one means the CLI started counting again (a new process).
-            usage["cost_usd"] = round(total - self._cost_total if total >= self._cost_total else total, 9)
+            usage["cost_usd"] = cost_share(total, self._cost_total)
             self._cost_total = total
         await self.ports.emit("usage.updated", usage)
-        common: dict[str, Any] = {
-            "final_message_id": translator.final_message_id,
-            "final_message_text": translator.final_message_text,
-            "usage": usage,
-        }
-        aborted = str(result.terminal_reason or "").startswith("aborted")
-        if self._cancelling or aborted:
-            return TurnOutcome(status="cancelled", stop_reason="cancelled", **common)
-        if result.is_error:
-            text = "; ".join(result.errors or []) or (result.result or "").strip()
-            text = text or "; ".join(translator.error_texts) or result.subtype
-            status = result.api_error_status
-            return TurnOutcome(
-                status="failed",
-                stop_reason="error",
-                error_code="provider.model_error" if status else "provider.error",
-                error_message=self._redact(text),
-                error_retryable=bool(status) and (status >= 500 or status == 429),
-                error_details={"subtype": result.subtype, "api_error_status": status},
-                **common,
-            )
-        return TurnOutcome(status="completed", stop_reason=result.stop_reason or "end_turn", **common)
+        return turn_outcome(result, translator, usage, cancelling=self._cancelling, redact=self._redact)
 
     async def cancel(self) -> None:
         self._cancelling = True
         if self._translator is not None:
             self._translator.cancelling = True
-        client = self._client
+        client = self._cli.client
         if client is None:
             return
         # No active turn, or the CLI is gone: either way the kernel escalates if run() does not end.
@@ -434,8 +328,7 @@ class ClaudeAdapter(Adapter):
     # -- permissions -------------------------------------------------------------------------------
 
     async def _can_use_tool(self, tool_name: str, tool_input: dict[str, Any], context: Any) -> Any:
-        if tool_name.startswith(HOST_TOOL_PREFIX):
-            # Host tools run in the control plane, which decides about them itself: no local prompt.
+        if not claude_permissions.asks(tool_name):
             return sdk.PermissionResultAllow(updated_input=tool_input)
         tool_call_id = context.tool_use_id or f"perm-{uuid.uuid4().hex[:12]}"
         # PROTOCOL §6.2: a permission request names its tool call, so the call has started by now.
@@ -443,23 +336,13 @@ class ClaudeAdapter(Adapter):
             parent = self._translator.parent_for_agent(context.agent_id)
             for kind, payload in self._translator.tool_started(tool_call_id, tool_name, tool_input, parent):
                 await self.ports.emit(kind, payload)
-        label = context.display_name or tool_name
         detail = context.description or context.title or tool_title(tool_name, tool_input)
-        request = PermissionRequest(
-            tool_call_id=tool_call_id,
-            title=f"{label}: {detail}" if detail and detail != label else label,
-            options=PERMISSION_OPTIONS,
-            tool_name=tool_name,
-            tool_input=tool_input,
+        request = claude_permissions.request_of(
+            tool_call_id, tool_name, tool_input, display_name=context.display_name, detail=detail
         )
-        decision = await self.ports.permissions.request(request)
-        if decision.allowed:
-            updates = list(context.suggestions or []) if decision.option_kind == "allow_always" else None
-            return sdk.PermissionResultAllow(updated_input=tool_input, updated_permissions=updates or None)
-        if decision.outcome == "cancelled":
-            self._refused[tool_call_id] = "cancelled"
-            return sdk.PermissionResultDeny(message="The tool call was cancelled.", interrupt=True)
-        self._refused[tool_call_id] = "declined"
-        if decision.outcome == "timed_out":
-            return sdk.PermissionResultDeny(message="No decision was made in time; the tool call was not run.")
-        return sdk.PermissionResultDeny(message="The user declined this tool call.")
+        answer = claude_permissions.answer_of(await self.ports.permissions.request(request), context.suggestions)
+        if answer.refused is not None:
+            self._refused[tool_call_id] = answer.refused
+        if answer.allow:
+            return sdk.PermissionResultAllow(updated_input=tool_input, updated_permissions=answer.updated_permissions)
+        return sdk.PermissionResultDeny(message=answer.message, interrupt=answer.interrupt)

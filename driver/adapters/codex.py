@@ -7,22 +7,28 @@ fresh one, reported by `runtime.session.reset`, and the recovery messages are re
 the next turn). `run()` is one `turn/start`, mapped to events by `codex_turn.CodexTurn` until
 `turn/completed`. Approval requests from Codex go through the permissions port.
 
-Background work: the JSON-RPC read loop runs as a task on the event loop for the life of the process
-(as `ProviderProcess` does for its stderr), because the process outlives every single adapter call.
+The process and its JSON-RPC peer are `codex_process.CodexProcess`; which thread to open is decided by
+`codex_thread`, how a turn ends by `codex_outcome`; this module says what goes over the peer and when.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 
-from driver import guard, logs
-from driver.adapters import attachments, codex_files, codex_notices, codex_requests, codex_steer, instructions
+from driver import logs
+from driver.adapters import (
+    attachments,
+    codex_files,
+    codex_notices,
+    codex_requests,
+    codex_steer,
+    codex_thread,
+    instructions,
+)
 from driver.adapters.base import (
     Adapter,
     AdapterConfig,
@@ -36,19 +42,17 @@ from driver.adapters.codex_config import (
     CodexSettings,
 )
 from driver.adapters.codex_files import codex_binary
+from driver.adapters.codex_outcome import refused_outcome, turn_outcome
+from driver.adapters.codex_process import CodexProcess, watch_exit
+from driver.adapters.codex_thread import RUNTIME
 from driver.adapters.codex_turn import CodexTurn, FileTouched
-from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, JsonRpcPeer, PeerClosed
-from driver.adapters.keeping import AnyProcess, provider_process
-from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
+from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, PeerClosed
 from driver.capabilities import BY_RUNTIME
-from driver.kept import KeptProcess
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
 log = logs.get(__name__)
-
-RUNTIME = "openai-app-server"
 
 
 class CodexAdapter(Adapter):
@@ -61,11 +65,8 @@ class CodexAdapter(Adapter):
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)
         self._cwd = Path(config.session.cwd)
-        self._proc: AnyProcess | None = None
-        self._proc_changed = anyio.Event()
+        self._codex = CodexProcess(stop_grace=self.stop_grace)
         self._host: McpHostServer | None = None
-        self._peer: JsonRpcPeer | None = None
-        self._peer_task: asyncio.Task[None] | None = None
         self._thread_id: str | None = None
         self._settings: CodexSettings | None = None
         self._turn: CodexTurn | None = None
@@ -81,9 +82,7 @@ class CodexAdapter(Adapter):
         return self._thread_id
 
     def process_group_ids(self) -> list[int]:
-        if isinstance(self._proc, KeptProcess) and self._proc.returncode is None:
-            return self._proc.group_ids()
-        return [self._proc.pgid] if self._proc is not None and self._proc.returncode is None else []
+        return self._codex.group_ids()
 
     def _prepare_home(self, host_mcp_url: str | None) -> tuple[Path, dict[str, str]]:
         home, extra_env, self._settings = codex_files.prepare_home(self.config, host_mcp_url)
@@ -106,37 +105,29 @@ class CodexAdapter(Adapter):
             [str(codex_files.helper_aliases(self.config.state_dir, binary)), env.get("PATH", os.defpath)]
         )
         env.setdefault("HOME", str(home))
-        proc, plan = await provider_process(
-            [str(binary), "app-server"], env=env, cwd=self._cwd, name="codex", config=self.config, runtime=RUNTIME
+        plan = await self._codex.open(
+            [str(binary), "app-server"],
+            env=env,
+            cwd=self._cwd,
+            config=self.config,
+            runtime=RUNTIME,
+            emit=self.ports.emit,
+            on_request=self._on_request,
+            on_notification=self._on_notification,
         )
-        self._set_proc(proc)
         if plan is not None and plan.thread_id is not None:
             # A predecessor's Codex, initialized, its thread open: continue where its output log is.
+            # No await since open(): the peer's reader (a task not yet run) finds the turn in place.
             self._thread_id = plan.thread_id
             if plan.run_id is not None:
                 self._turn = CodexTurn(plan.run_id, str(self._cwd), plan.thread_id)
                 self._turn_ended = anyio.Event()
-        peer = JsonRpcPeer(
-            proc.stdout,
-            proc.stdin,
-            name="codex",
-            jsonrpc_version=None,
-            on_request=self._on_request,
-            on_notification=self._on_notification,
-            on_violation=ProtocolDiagnostics(self.ports.emit, "codex app-server"),
-            on_handler_error=guard.PortErrors(self.ports.emit, "codex app-server"),
-            first_id=plan.first_id if plan is not None else 0,
-            answered=plan.answered if plan is not None else frozenset(),
-        )
-        self._peer = peer
-        self._peer_task = asyncio.get_running_loop().create_task(peer.run(), name="codex-rpc")
-        if plan is not None and plan.thread_id is not None:
             await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
             return
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._call("initialize", {"clientInfo": {"name": "agent-driver", "version": "0.1.0"}})
-                await peer.notify("initialized")
+                await self._codex.notify("initialized")
                 await self._open_thread()
             self._mark(None)
         except TimeoutError:
@@ -144,7 +135,7 @@ class CodexAdapter(Adapter):
                 "provider.start_timeout",
                 f"codex did not start within {self.start_timeout:g} s",
                 retryable=True,
-                details={"stderr_tail": proc.stderr_tail()},
+                details={"stderr_tail": self._codex.stderr_tail()},
             ) from None
         except BaseException:
             await self.stop()
@@ -152,62 +143,37 @@ class CodexAdapter(Adapter):
 
     def _thread_params(self) -> dict[str, Any]:
         assert self._settings is not None
-        params: dict[str, Any] = {
-            "cwd": str(self._cwd),
-            "model": self._settings.model,
-            "approvalPolicy": self._settings.approval_policy,
-            "sandbox": self._settings.sandbox,
-        }
-        # The execution's prompt and the driver's paragraph ride as developer instructions (Codex keeps
-        # its own base instructions); skills are in CODEX_HOME/skills, which Codex lists itself.
-        params["developerInstructions"] = instructions.compose(self.config.execution, self.config.session)
-        if self._settings.config_overrides:
-            params["config"] = self._settings.config_overrides
-        return params
+        developer = instructions.compose(self.config.execution, self.config.session)
+        return codex_thread.thread_params(self._settings, self._cwd, developer)
 
     async def _open_thread(self) -> None:
-        """Resume the thread this adapter had before a restart, else the boot payload's, else start one.
-
-        A boot-payload thread that cannot be resumed is replaced and the recovery messages are replayed
-        on the next turn; our own earlier thread needs no replay of them (they are older than it)."""
-        boot = self.config.execution.native_resume
-        previous, recovery = self._thread_id, False
-        if previous is None and boot is not None:
-            previous, recovery = boot.value, True
-            if boot.runtime != RUNTIME:
-                # Another runtime's session id: Codex cannot resume it.
-                previous = None
-                await self._replace_thread(boot.value, f"a {boot.runtime} session cannot be resumed by codex")
-        if previous is not None:
+        """Resume the thread this adapter had before a restart, else the boot payload's, else start one
+        (codex_thread.opening)."""
+        plan = codex_thread.opening(self._thread_id, self.config.execution.native_resume)
+        if (foreign := plan.foreign) is not None:
+            await self._replace_thread(foreign.value, f"a {foreign.runtime} session cannot be resumed by codex")
+        elif plan.resume is not None:
             try:
-                result = await self._call("thread/resume", {**self._thread_params(), "threadId": previous})
-                self._thread_id = self._thread_of(result)
+                result = await self._call("thread/resume", {**self._thread_params(), "threadId": plan.resume})
+                self._thread_id = codex_thread.thread_of(result)
             except JsonRpcError as exc:
-                await self._replace_thread(previous, exc.message)
-                if not recovery:
+                await self._replace_thread(plan.resume, exc.message)
+                if not plan.recovery:
                     self._recovery_pending = []
-        elif self._thread_id is None:
+        else:
             self._thread_id = await self._new_thread()
             # No thread to resume but a history to keep (PROTOCOL §8): replayed on the next turn.
-            self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
+            self._recovery_pending = codex_thread.recovery_of(self.config.execution.recovery_messages)
         await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
 
     async def _replace_thread(self, previous: str, why: str) -> None:
         log.info("codex.resume_failed", thread_id=previous, error=why)
         self._thread_id = await self._new_thread()
-        self._recovery_pending = [(m.role, m.text) for m in self.config.execution.recovery_messages]
+        self._recovery_pending = codex_thread.recovery_of(self.config.execution.recovery_messages)
         await self.ports.emit("runtime.session.reset", {"previous": previous, "current": self._thread_id})
 
     async def _new_thread(self) -> str:
-        return self._thread_of(await self._call("thread/start", self._thread_params()))
-
-    @staticmethod
-    def _thread_of(result: Any) -> str:
-        thread = result.get("thread") if isinstance(result, dict) else None
-        thread_id = thread.get("id") if isinstance(thread, dict) else None
-        if not isinstance(thread_id, str):
-            raise ProviderError("provider.protocol", "codex answered without a thread id")
-        return thread_id
+        return codex_thread.thread_of(await self._call("thread/start", self._thread_params()))
 
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._thread_id
@@ -218,91 +184,28 @@ class CodexAdapter(Adapter):
         return previous, self._thread_id
 
     def _mark(self, run_id: str | None) -> None:
-        """Tell a keeper's successor which run is in flight and where its turn's output starts."""
-        if isinstance(self._proc, KeptProcess) and self._thread_id is not None:
-            self._proc.mark_turn(run_id, self._thread_id)
-
-    def _set_proc(self, proc: AnyProcess | None) -> None:
-        self._proc = proc
-        self._proc_changed.set()
-        self._proc_changed = anyio.Event()
+        self._codex.mark(run_id, self._thread_id)
 
     async def wait_exited(self) -> None:
-        # Watch whichever process is current: stop() clears `_proc` before terminating it, so an exit
-        # we caused ourselves is never reported as Codex dying on its own.
-        while True:
-            proc = self._proc
-            if proc is None:
-                await self._proc_changed.wait()
-                continue
-            await proc.exited.wait()
-            if self._proc is proc:
-                return
+        await self._codex.wait_exited()
 
     def stderr_tail(self) -> str:
-        return self._proc.stderr_tail() if self._proc is not None else ""
+        return self._codex.stderr_tail()
 
     def detach(self) -> bool:
-        proc = self._proc
-        if not isinstance(proc, KeptProcess):
-            return False
-        # Freeze, do not close: a closed stream would end the run in flight as a crash. What the keeper
-        # logs from now on is the successor's to read.
-        proc.detach()
-        return True
+        return self._codex.detach()
 
     async def stop(self) -> None:
-        proc = self._proc
-        self._set_proc(None)
-        task, self._peer_task = self._peer_task, None
-        self._peer = None
         host, self._host = self._host, None
-        with anyio.CancelScope(shield=True):
-            if proc is not None:
-                await proc.terminate(grace=self.stop_grace)
-            if host is not None:
-                await host.close()
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-
-    # -- requests to Codex ---------------------------------------------------------------------
+        await self._codex.stop(then=host.close if host is not None else None)
 
     async def _call(self, method: str, params: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
-        """A request that fails with `provider.crashed` if Codex dies before answering."""
-        peer, proc = self._peer, self._proc
-        if peer is None or proc is None:
-            raise ProviderError("provider.not_started", "codex is not running")
-        try:
-            return await peer.request(method, params, extra=extra)
-        except PeerClosed:
-            raise await self._crashed(f"codex exited during {method}") from None
-
-    async def _crashed(self, message: str) -> ProviderError:
-        proc = self._proc
-        code: int | None = None
-        tail = ""
-        if proc is not None:
-            with anyio.move_on_after(2.0):
-                code = await proc.wait()
-            tail = proc.stderr_tail()
-        suffix = f" (status {code})" if code is not None else ""
-        last_line = tail.strip().rsplit("\n", 1)[-1] if tail.strip() else ""
-        if last_line:
-            suffix += f": {last_line[:300]}"
-        return ProviderError(
-            "provider.crashed", message + suffix, retryable=True, details={"stderr_tail": tail, "exit_code": code}
-        )
+        return await self._codex.call(method, params, extra)
 
     # -- one turn ------------------------------------------------------------------------------
 
     def _input_items(self, run_input: RunInput, *, recovery: bool = True) -> list[dict[str, Any]]:
-        text = run_input.text
-        if recovery and self._recovery_pending:
-            lines = ["Context: the earlier conversation of this session could not be resumed. Here it is:"]
-            lines += [f"{role}: {said}" for role, said in self._recovery_pending]
-            text = "\n".join(lines) + "\n\n" + text
+        text = codex_thread.with_recovery(run_input.text, self._recovery_pending if recovery else [])
         # The kernel downloads attachments into cwd/inputs/ before the run and names them in the text;
         # images also go to the model as images.
         try:
@@ -313,13 +216,13 @@ class CodexAdapter(Adapter):
         return [{"type": "text", "text": text}, *images]
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
-        peer, proc = self._peer, self._proc
+        peer, proc = self._codex.peer, self._codex.proc
         if peer is None or proc is None or self._thread_id is None:
             raise ProviderError("provider.not_started", "codex has no open thread")
         if self._turn is not None:
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
         if peer.closed.is_set() or proc.returncode is not None:
-            raise await self._crashed("codex is not running")
+            raise await self._codex.crashed("codex is not running")
         turn = CodexTurn(run_id, str(self._cwd), self._thread_id)
         self._turn = turn
         self._mark(run_id)
@@ -330,7 +233,7 @@ class CodexAdapter(Adapter):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._interrupt_when_asked, turn)
-                tg.start_soon(self._watch_exit, peer, proc, ended)
+                tg.start_soon(watch_exit, peer, proc, ended)
                 try:
                     # The run's trace context rides on the request (Codex's JSON-RPC `trace` field).
                     traceparent = tracing.run_traceparent()
@@ -351,24 +254,17 @@ class CodexAdapter(Adapter):
         finally:
             self._turn = None
         if isinstance(failure, JsonRpcError):
-            cancelled = self._cancel_requested.is_set()
-            return TurnOutcome(
-                status="cancelled" if cancelled else "failed",
-                stop_reason="cancelled" if cancelled else "error",
-                error_code="provider.error",
-                error_message=f"codex refused turn/start: {failure.message}",
-                error_details={"code": failure.code},
-            )
+            return refused_outcome(failure, cancel_requested=self._cancel_requested.is_set())
         if failure is not None:
             raise failure
         if turn.end is None:
-            raise await self._crashed("codex exited during the turn")
-        return self._outcome(turn)
+            raise await self._codex.crashed("codex exited during the turn")
+        return turn_outcome(turn, cancel_requested=self._cancel_requested.is_set())
 
     async def resume(self, run_id: str) -> TurnOutcome:
         """Continue a turn a dead driver left running (PROTOCOL §8.2): its output is being re-read from
         the turn's start through a fresh `CodexTurn`; the kernel's gate suppresses what was journaled."""
-        turn, peer, proc = self._turn, self._peer, self._proc
+        turn, peer, proc = self._turn, self._codex.peer, self._codex.proc
         if turn is None or turn.run_id != run_id or peer is None or proc is None:
             return await super().resume(run_id)
         self._cancel_requested = anyio.Event()
@@ -376,34 +272,14 @@ class CodexAdapter(Adapter):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._interrupt_when_asked, turn)
-                tg.start_soon(self._watch_exit, peer, proc, ended)
+                tg.start_soon(watch_exit, peer, proc, ended)
                 await ended.wait()
                 tg.cancel_scope.cancel()
         finally:
             self._turn = None
         if turn.end is None:
-            raise await self._crashed("codex exited during the turn")
-        return self._outcome(turn)
-
-    @staticmethod
-    async def _watch_exit(peer: JsonRpcPeer, proc: AnyProcess, ended: anyio.Event) -> None:
-        """End the wait when Codex goes away: its stdout closes, or it exits (then give the reader a
-        moment to take the last lines, in case a grandchild keeps stdout open)."""
-        async with anyio.create_task_group() as tg:
-
-            async def closed() -> None:
-                await peer.closed.wait()
-                tg.cancel_scope.cancel()
-
-            async def exited() -> None:
-                await proc.exited.wait()
-                with anyio.move_on_after(2.0):
-                    await peer.closed.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(closed)
-            tg.start_soon(exited)
-        ended.set()
+            raise await self._codex.crashed("codex exited during the turn")
+        return turn_outcome(turn, cancel_requested=self._cancel_requested.is_set())
 
     def _notify_turn_changed(self) -> None:
         self._turn_changed.set()
@@ -416,7 +292,7 @@ class CodexAdapter(Adapter):
         for _attempt in range(3):
             while not turn.active and turn.end is None:
                 await self._turn_changed.wait()
-            peer = self._peer
+            peer = self._codex.peer
             if turn.end is not None or peer is None or turn.turn_id is None:
                 return
             try:
@@ -429,26 +305,6 @@ class CodexAdapter(Adapter):
                 # Not active after all (a race with a turn boundary): retry on Codex's next word.
                 with anyio.move_on_after(1.0):
                     await self._turn_changed.wait()
-
-    def _outcome(self, turn: CodexTurn) -> TurnOutcome:
-        assert turn.end is not None
-        common: dict[str, Any] = {
-            "final_message_id": turn.final_message_id,
-            "final_message_text": turn.final_message_text,
-            "usage": turn.usage_payload,
-        }
-        if turn.end.status == "interrupted" or (self._cancel_requested.is_set() and turn.end.status != "completed"):
-            return TurnOutcome(status="cancelled", stop_reason="cancelled", **common)
-        if turn.end.status == "failed":
-            return TurnOutcome(
-                status="failed",
-                stop_reason="error",
-                error_code="provider.error",
-                error_message=turn.end.error_message or "codex reported the turn as failed",
-                error_details={"codex_error": turn.end.error_info} if turn.end.error_info else None,
-                **common,
-            )
-        return TurnOutcome(status="completed", stop_reason="end_turn", **common)
 
     async def steer(self, run_id: str, run_input: RunInput) -> None:
         turn = self._turn
@@ -474,8 +330,9 @@ class CodexAdapter(Adapter):
             # Resolved without our answer (e.g. its turn was interrupted): stop waiting for a decision.
             # After our own answer this finds nothing to stop.
             request_id = params.get("requestId") if isinstance(params, dict) else None
-            if self._peer is not None and isinstance(request_id, int | str):
-                self._peer.cancel_incoming(request_id)
+            peer = self._codex.peer
+            if peer is not None and isinstance(request_id, int | str):
+                peer.cancel_incoming(request_id)
             return
         if method in codex_notices.NOTICES:
             notice = codex_notices.diagnostic(method, params)

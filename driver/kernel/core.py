@@ -2,8 +2,9 @@
 
 One process serves one driver instance. The kernel owns the journal and outbox, the supervisor and
 its adapter, the ports and the link; the events port (`emit`) stamps events with the active run and
-admits them. The rooms hold the behaviour: `commands.CommandDesk`, `runpath.RunPath`,
-`provider.ProviderRoom` and `lifecycle.Lifecycle`.
+admits them (the decision is `admission.judge`). The rooms hold the behaviour: `commands.CommandDesk`,
+`runpath.RunPath`, `provider.ProviderRoom` and `lifecycle.Lifecycle`; `announce` builds what the
+driver says about itself (its capabilities, `hello`, `heartbeat`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from driver import __version__, guard, logs
-from driver.capabilities import ALL as CAPABILITIES
-from driver.capabilities import capabilities_of, capability_mode
+from driver import guard, logs
+from driver.kernel import admission, announce
 from driver.kernel.options import KernelOptions, project_root
 from driver.kernel.tamper import TamperReports
 from driver.protocol import paths
@@ -29,19 +29,12 @@ from driver.protocol.boot import BootPayload
 from driver.protocol.events import (
     DEFAULT_MAX_EVENT_BYTES,
     EVENT_KINDS,
-    RUN_TERMINALS,
     PayloadError,
     event_limit,
     fit_payload,
 )
 from driver.protocol.frames import (
-    PROTOCOL_VERSION,
-    Capability,
     CommandFrame,
-    Heartbeat,
-    HeartbeatOutbox,
-    Hello,
-    OutboxSummary,
     Welcome,
     encode,
 )
@@ -150,9 +143,7 @@ class Kernel:
         self._tg: anyio.abc.TaskGroup | None = None
         self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
-        self.capabilities = capabilities_of(boot.execution.runtime)
-        if "reattach" in self.capabilities and not _can_reattach(boot):
-            self.capabilities = self.capabilities - {"reattach"}
+        self.capabilities = announce.stated_capabilities(boot)
         if assemble:
             self.assemble()
             self.ready.set()  # no `serve`-driven start: nothing to wait for
@@ -178,16 +169,10 @@ class Kernel:
         return self.supervisor.start_ms
 
     def capability_list(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for c in CAPABILITIES:
-            entry: dict[str, Any] = {"id": c, "supported": c in self.capabilities}
-            if (mode := self.capability_mode(c)) is not None:
-                entry["mode"] = mode
-            out.append(entry)
-        return out
+        return announce.capability_entries(self.boot.execution.runtime, self.capabilities)
 
     def capability_mode(self, capability: str) -> str | None:
-        return capability_mode(self.boot.execution.runtime, capability) if capability in self.capabilities else None
+        return announce.mode_of(self.boot.execution.runtime, self.capabilities, capability)
 
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start a task in the kernel's task group (alive for the process's life). An unexpected
@@ -219,28 +204,14 @@ class Kernel:
         if self.handed_over:
             return None  # PROTOCOL §8.2: the successor derives these again from the keeper's log
         run = self.run
-        run_id: str | None = None
-        if spec.run_scoped and kind not in ("host_tool.called",):
-            if run is not None:
-                if run.terminal is not None and kind not in RUN_TERMINALS:
-                    log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
-                    return None
-                run_id = run.run_id
-                run.last_activity = time.monotonic()
-                if kind == "tool.started":
-                    run.tools_started.setdefault(str(payload.get("tool_call_id")), str(payload.get("name", "")))
-                elif kind == "tool.completed":
-                    run.tools_completed.add(str(payload.get("tool_call_id")))
-                    run.tool_status[str(payload.get("tool_call_id"))] = str(payload.get("status", ""))
-        elif kind == "host_tool.called":
-            run_id = payload.get("run_id")
-        replay = run.replay if run is not None and run_id == run.run_id else None
-        if replay is not None and not replay.admits(kind, spec.delivery):
-            # Re-derived after a reattach: journaled already, or best-effort the predecessor may have
-            # sent (counted as dropped: at most once). driver/reattach.py.
-            if spec.delivery == "best_effort":
-                self.outbox.best_effort.count_drop(run_id)
+        verdict = admission.judge(kind, spec, payload, run)
+        if not verdict.admitted:
+            if verdict.count_drop:
+                self.outbox.best_effort.count_drop(verdict.run_id)
+            elif verdict.dropped == "after_terminal" and run is not None:
+                log.debug("event.after_terminal_dropped", kind=kind, run_id=run.run_id)
             return None
+        run_id = verdict.run_id
         if kind in _NAMED:
             payload = paths.carry(payload)  # PROTOCOL §9: a name that is not UTF-8, escaped
         if kind in _OBSERVED:
@@ -263,49 +234,31 @@ class Kernel:
     # -- frames ---------------------------------------------------------------------------------------
     def hello(self) -> bytes:
         stats = self.outbox.snapshot()
-        caps = [Capability(c, c in self.capabilities, self.capability_mode(c)) for c in CAPABILITIES]
         if self.assembled.is_set():
             self.telemetry.hello_sent()
         elif self._hello_at is None:
             self._hello_at = time.monotonic()  # given to the telemetry room when it is built
-        return encode(
-            Hello(
-                protocol=PROTOCOL_VERSION,
-                driver_instance_id=self.boot.driver_instance_id,
-                epoch=self.epoch,
-                driver_version=__version__,
-                pid=os.getpid(),
-                runtime=self.boot.execution.runtime,
-                revision=self.boot.execution.revision,
-                session_kind=self.boot.session.kind,
-                capabilities=caps,
-                last_command_seq=self.journal.last_command_seq(),
-                outbox=OutboxSummary(stats.lossless_pending, stats.oldest_pending_seq),
-                started_at=self.started_at_iso,
-            )
+        frame = announce.hello(
+            self.boot,
+            epoch=self.epoch,
+            supported=self.capabilities,
+            last_command_seq=self.journal.last_command_seq(),
+            stats=stats,
+            started_at=self.started_at_iso,
         )
+        return encode(frame)
 
     def heartbeat(self) -> bytes:
-        s = self.outbox.snapshot()
-        state = self.state.state if self.state.state != "stopped" else "stopping"
-        return encode(
-            Heartbeat(
-                at=utc_now(),
-                state=state,  # type: ignore[arg-type]
-                run_id=self.run.run_id if self.run else None,
-                outbox=HeartbeatOutbox(
-                    lossless_pending=s.lossless_pending,
-                    best_effort_dropped=s.best_effort_dropped,
-                    in_flight=s.in_flight,
-                    oldest_pending_age_ms=s.oldest_pending_age_ms,
-                    retries=s.retries,
-                ),
-                activity=self.telemetry.heartbeat_activity() if self.assembled.is_set() else None,
-                queued=self.runs.queue.run_ids() if self.assembled.is_set() else [],
-
-                processes=self.processes.heartbeat() if self.assembled.is_set() else [],
-            )
+        assembled = self.assembled.is_set()
+        frame = announce.heartbeat(
+            self.state.state,
+            run_id=self.run.run_id if self.run else None,
+            stats=self.outbox.snapshot(),
+            activity=self.telemetry.heartbeat_activity() if assembled else None,
+            queued=self.runs.queue.run_ids() if assembled else [],
+            processes=self.processes.heartbeat() if assembled else [],
         )
+        return encode(frame)
 
     # The link may deliver these before the rooms are built and recovery is done (it starts first):
     # each waits, which holds the link's reader for those few milliseconds, never longer.
@@ -467,12 +420,3 @@ class Kernel:
                     return
                 self.spawn(lambda: self.stop(reason="signal", requested_by="signal"))
 
-
-def _can_reattach(boot: BootPayload) -> bool:
-    """PROTOCOL §8.2: reattach is off unless the boot payload gives a grace, and needs the PID
-    namespace (only its pid 1, the keeper, ends every process of the tree: driver/kept.py)."""
-    if boot.execution.reattach_grace_ms <= 0:
-        return False
-    from driver import kept
-
-    return kept.supported()

@@ -2,25 +2,28 @@
 
 A run is a task in its own cancel scope. Its terminal is chosen once (`driver.runs.choose_terminal`:
 a cancel requested before the choice wins), admitted as a lossless event, and the run's `input.start`
-completes only when that terminal has a receipt, with a status that mirrors it.
+completes only when that terminal has a receipt, with a status that mirrors it. What the run leaves
+behind (side effects, artifacts) is `driver.kernel.reports`; a cancel's interrupt-TERM-KILL ladder is
+`driver.kernel.escalation`.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
 from driver import guard, logs, side_effects
 from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
+from driver.kernel import escalation
 from driver.kernel.queued import RunQueue
+from driver.kernel.reports import RunReports
 from driver.kernel.steering import Steering
-from driver.ports import artifacts, outputs
+from driver.ports import artifacts
 from driver.protocol import commands as cmds
 from driver.protocol import paths
 from driver.protocol.events import EVENT_KINDS, fit_payload
@@ -32,7 +35,6 @@ if TYPE_CHECKING:
     from driver.kernel.core import Kernel
 
 log = logs.get("driver.kernel.runs")
-T = TypeVar("T")
 
 STATUS_OF: dict[str, Literal["completed", "failed", "cancelled"]] = {
     "run.completed": "completed",
@@ -51,6 +53,7 @@ class RunPath:
         self.k = kernel
         self.queue = RunQueue(kernel)  # PROTOCOL §3.1: input.start{"queue": true}
         self.steering = Steering(kernel)  # PROTOCOL §3.1: input.steer
+        self.reports = RunReports(kernel)  # PROTOCOL §5, §6.5: side effects and artifacts
 
     async def emit_for_run(self, run_id: str, kind: str, payload: dict[str, object]) -> str:
         """Admit a run terminal (or another run-scoped event) for `run_id`, whatever run is active."""
@@ -154,10 +157,8 @@ class RunPath:
         outcome: TurnOutcome | None = None
         error: ProviderError | None = None
         cwd = Path(k.boot.session.cwd)
-        outputs_before = await self._report("outputs scan", self._outputs_snapshot, cwd) or outputs.Snapshot()
-        run.files_before = await self._report(
-            "side effects scan", anyio.to_thread.run_sync, side_effects.snapshot, cwd, self.scan_exclusions()
-        )
+        outputs_before = await self.reports.outputs_before(cwd)
+        run.files_before = await self.reports.files_snapshot(cwd)
         with run.scope:
             try:
                 run_input = await self.prepare_input(command.input)
@@ -178,7 +179,7 @@ class RunPath:
                 # The adapter's bug (or a port's): this run fails, the driver goes on (guard).
                 await guard.report(k, "run", exc, run_id=run.run_id)
                 error = ProviderError(guard.INTERNAL_ERROR, guard.error_message("run", exc), retryable=True)
-        await self.report_artifacts(cwd, outputs_before)
+        await self.reports.artifacts(cwd, outputs_before)
         if outcome is None and error is None and run.forced_error is not None:
             error = run.forced_error
         if k.provider.proxy is not None:
@@ -230,7 +231,7 @@ class RunPath:
         # A steer on its way to the provider is either delivered (its input.steered comes before the
         # terminal) or refused first; bounded, so a provider that never answers cannot hold the run.
         await self.steering.settle(run)
-        effects = await self.side_effects(run) if run.cancel_requested_by is not None else None
+        effects = await self.reports.side_effects(run) if run.cancel_requested_by is not None else None
         if effects is not None:
             effects["files_changed"] = [paths.carry(c) for c in effects["files_changed"]]
         kind, payload = choose_terminal(run, outcome, error, k.outbox.dropped_for_run(run.run_id), effects)
@@ -238,59 +239,6 @@ class RunPath:
         event_id = await self.emit_for_run(run.run_id, kind, payload)
         k.outbox.best_effort.forget_run(run.run_id)
         return event_id
-
-    def scan_exclusions(self) -> list[Path]:
-        """What a cwd scan leaves out: the driver's own state and the attachments it downloads."""
-        session = self.k.boot.session
-        return [Path(session.state_dir), Path(session.cwd) / "inputs"]
-
-    async def side_effects(self, run: Run) -> dict[str, Any]:
-        """PROTOCOL §5: the files under cwd changed since the run started, and the processes the run
-        left alive: every descendant of the driver (the provider's tree, and commands the driver ran
-        for it, like ACP terminals) that was not alive when the run started (the provider itself and
-        its long-lived helpers are not the run's side effects)."""
-        cwd = Path(self.k.boot.session.cwd)
-        # Each half is a report of its own: one that fails is left out (reported), never the run's terminal.
-        after = await self._report(
-            "side effects scan", anyio.to_thread.run_sync, side_effects.snapshot, cwd, self.scan_exclusions()
-        )
-        before = run.files_before
-        me = os.getpid()
-
-        async def processes() -> list[dict[str, Any]]:
-            return [
-                p for p in side_effects.tree_processes([me]) if p["pid"] != me and p["pid"] not in run.processes_before
-            ]
-
-        left = await self._report("side effects processes", processes)
-        if before is None or after is None:
-            changed: list[dict[str, str]] = []
-        else:
-            changed = side_effects.files_changed(before, after)
-        return {
-            "files_changed": changed,
-            "processes_left": left or [],
-            # An incomplete picture says so: a scan that hit its bound, or one that failed.
-            "truncated": before is None or after is None or before.truncated or after.truncated,
-        }
-
-    async def _report(self, unit: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
-        """Run one report's step; an unexpected error leaves the report out (None), reported."""
-        try:
-            return await fn(*args)
-        except Exception as exc:
-            await guard.report(self.k, unit, exc, run_id=self.k.run.run_id if self.k.run else None)
-            return None
-
-    async def _outputs_snapshot(self, cwd: Path) -> outputs.Snapshot:
-        return await anyio.to_thread.run_sync(self._snapshot_outputs, cwd, self.scan_exclusions())
-
-    # In the worker thread: the driver's own inodes are read at each scan (its WAL and records come and go).
-    def _snapshot_outputs(self, cwd: Path, exclude: list[Path]) -> outputs.Snapshot:
-        return outputs.snapshot(cwd, exclude, private=self.k.files.private_inodes())
-
-    def _changed_outputs(self, cwd: Path, before: outputs.Snapshot, exclude: list[Path]) -> outputs.Report:
-        return outputs.changed(cwd, before, exclude, private=self.k.files.private_inodes())
 
     async def cancel_run(self, run: Run, *, requested_by: str, reason: str) -> None:
         """PROTOCOL §5: cancel permissions, interrupt, then SIGTERM and SIGKILL the provider if needed."""
@@ -300,38 +248,7 @@ class RunPath:
         run.cancel_reason = reason
         run.cancel_asked.set()  # a cancel wins over steers not yet delivered (§3.1)
         self.k.permissions.cancel_all()
-        self.k.spawn(self.escalate, run)
-
-    async def escalate(self, run: Run) -> None:
-        opts = self.k.options
-        adapter = run.adapter
-        if adapter is None:
-            # The run is still waiting for its provider to (re)start: nothing to interrupt or signal
-            # (the provider being started belongs to the next run), so end it now.
-            run.scope.cancel()
-            return
-        # One deadline for asking and for waiting: a cancel() that hangs does not buy more time.
-        deadline = anyio.current_time() + opts.cancel_interrupt_grace_s
-        try:
-            with anyio.move_on_after(opts.cancel_interrupt_grace_s):
-                await adapter.cancel()
-        except Exception as exc:
-            log.warning("cancel.interrupt_failed", error=str(exc))
-        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
-            await run.ended.wait()
-            return
-        run.cancel_phase = "terminate"
-        self.signal_provider(run, signal.SIGTERM)
-        with anyio.move_on_after(opts.cancel_term_grace_s):
-            await run.ended.wait()
-            return
-        run.cancel_phase = "kill"
-        self.signal_provider(run, signal.SIGKILL)
-        with anyio.move_on_after(1.0):
-            await run.ended.wait()
-            return
-        # The adapter did not return even with its provider dead: end the run without it.
-        run.scope.cancel()
+        self.k.spawn(escalation.escalate, run, self.k.options, self.signal_provider)
 
     def signal_provider(self, run: Run, sig: int) -> None:
         k = self.k
@@ -360,48 +277,3 @@ class RunPath:
         listing = ", ".join(f"{p.relative_to(cwd)} ({a.size} bytes)" for a, p in saved)
         text = f"{run_input.text}\n\n[Attached files, in the working directory: {listing}]"
         return cmds.RunInput(text=text, attachments=run_input.attachments)
-
-    async def report_artifacts(self, cwd: Path, before: outputs.Snapshot) -> None:
-        """PROTOCOL §6.5: every file under outputs/ new or changed since the run started, within the
-        scan's bounds (driver.ports.outputs); a refused or cut scan is said in a diagnostic."""
-        report = await self._report(
-            "artifacts", anyio.to_thread.run_sync, self._changed_outputs, cwd, before, self.scan_exclusions()
-        )
-        if report is None:
-            return
-        k = self.k
-        for rel, size, digest in report.artifacts:
-            await k.emit("artifact.produced", {"path": rel, "size": size, "sha256": digest})
-        if report.refused is not None:
-            await k.emit(
-                "diagnostic.reported",
-                {
-                    "code": "artifacts.refused",
-                    "severity": "warning",
-                    "message": f"no artifacts reported: {report.refused}",
-                    "details": {"run_id": k.run.run_id if k.run else None},
-                },
-            )
-        if report.cut is not None:
-            cut = report.cut
-            await k.emit(
-                "diagnostic.reported",
-                {
-                    "code": "artifacts.truncated",
-                    "severity": "warning",
-                    "message": f"the outputs scan was cut at its {cut.reason} bound after {cut.reported} artifacts",
-                    "details": {
-                        "run_id": k.run.run_id if k.run else None,
-                        "reason": cut.reason,
-                        "reported": cut.reported,
-                        "left": cut.left,
-                        "bounds": {
-                            "files": outputs.MAX_FILES,
-                            "hash_bytes": outputs.MAX_HASH_BYTES,
-                            "entries": outputs.MAX_ENTRIES,
-                            "depth": outputs.MAX_DEPTH,
-                            "hash_s": outputs.MAX_HASH_S,
-                        },
-                    },
-                },
-            )

@@ -1,9 +1,9 @@
 """The kernel's process room (PROTOCOL §6.8): the processes beside the agent, their commands, their
 output and their ends.
 
-Each process has one task (`_life`): it pumps the output (into the ring first, then as best-effort
-`process.output` events with the offset of their first byte), waits for the exit, and then admits
-the lossless `process.exited`, once. Processes belong to the session: a run's cancel never reaches
+Each process has one task (`_life`): it pumps the output (`driver.processes.output`: into the ring
+first, then as best-effort `process.output` events, paced), waits for the exit, and then admits the
+lossless `process.exited`, once. Processes belong to the session: a run's cancel never reaches
 them; `session.stop` ends them (TERM, then KILL after 3 s); the driver's death ends them through the
 containment they were started in.
 """
@@ -15,7 +15,6 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +25,12 @@ from driver.adapters.environment import provider_env
 from driver.interfaces import PathNotAllowed
 from driver.processes import handle
 from driver.processes import spawn as spawning
+from driver.processes.output import Output, must_wait
+from driver.processes.proc import Proc
 from driver.processes.ring import plan_replay
 from driver.processes.ringfile import RingFile, folder, leftovers, reset_folder
 from driver.processes.spec import MAX_PROCESSES, SIGNALS, SpecError, argv_of, env_of, exit_info
-from driver.processes.text import TAIL_BYTES, chunk_limit, complete_length, decode, tail_of
+from driver.processes.text import TAIL_BYTES, tail_of
 from driver.protocol import commands as cmds
 from driver.protocol.frames import CommandError, HeartbeatProcess
 
@@ -43,37 +44,12 @@ KILL_WAIT_S = 5.0  # after KILL, how long stop waits for the exits to be reporte
 OUTPUT_DRAIN_S = 2.0  # after the exit, how long the output may still be read (a child may hold it open)
 INPUT_TIMEOUT_S = 10.0  # a process.input that the process does not read within this fails
 KEPT_EXITED = 48  # exited processes whose rings are kept for replay (the oldest go first)
-# Flow control: the reader pauses while this many best-effort events wait for the link, so a flood
-# slows the process (as a terminal over ssh would) instead of filling the buffer and dropping.
-PACE_EVENTS = 2
-PACE_STEP_S = 0.002
-PACE_MAX_STEPS = 500
 
 
 class CommandFailed(Exception):
     def __init__(self, code: str, message: str, retryable: bool = False) -> None:
         super().__init__(message)
         self.error = CommandError(code, message, retryable)
-
-
-@dataclass(eq=False)
-class Proc:
-    process_id: str
-    argv: list[str]
-    pty: tuple[int, int] | None
-    spawned: spawning.Spawned
-    ring: RingFile
-    started: float = field(default_factory=time.monotonic)
-    running: bool = True
-    next_live: int = 0  # the offset of the first byte not yet sent live
-    pending: bytes = b""  # the start of a character the next read completes
-    exited: anyio.Event = field(default_factory=anyio.Event)
-    output_done: anyio.Event = field(default_factory=anyio.Event)
-    write_lock: anyio.Lock = field(default_factory=anyio.Lock)
-
-    @property
-    def pid(self) -> int:
-        return self.spawned.proc.pid
 
 
 class ProcessRoom:
@@ -90,6 +66,7 @@ class ProcessRoom:
         self._no_start.set()
         self._stopping = False
         self._generation = 0
+        self.output = Output(lambda kind, body: kernel.emit(kind, body), lambda: kernel.max_event_bytes, self._waits)
 
     async def recover(self) -> None:
         """At start, before any command: end the processes a dead driver process left. They died with
@@ -260,73 +237,24 @@ class ProcessRoom:
             raise CommandFailed("process.offset_ahead", f"from_offset {from_offset} is past the output ({total} bytes)")
         plan = plan_replay(from_offset, total, p.ring.capacity)
         data = p.ring.read(plan.start, plan.end)  # read at once: the ring may turn while this is sent
-        await self._send_text(p, plan.start, data, truncated_before=plan.truncated_before)
+        await self.output.send(p, plan.start, data, truncated_before=plan.truncated_before)
         return {"from_offset": plan.start, "to_offset": plan.end, "truncated_before": plan.truncated_before}
 
-    # -- output -----------------------------------------------------------------------------------
-    async def _send_text(self, p: Proc, offset: int, data: bytes, *, truncated_before: bool = False) -> None:
-        """Send `data` (output from `offset`) as process.output events of at most the chunk limit,
-        cut between characters."""
-        limit = chunk_limit(self.k.max_event_bytes)
-        at = 0
-        while at < len(data) or (at == 0 and truncated_before):
-            piece = data[at : at + limit]
-            n = len(piece)
-            if at + n < len(data):
-                n = complete_length(piece) or n
-            body: dict[str, Any] = {"process_id": p.process_id, "offset": offset + at, "data": decode(piece[:n])}
-            if at == 0 and truncated_before:
-                body["truncated_before"] = True  # an empty event says it when nothing is left to resend
-            await self.k.emit("process.output", body)
-            await self._pace()  # a replay of 1 MiB must not overflow the best-effort buffer either
-            at += n
-            if n == 0:
-                break
-
-    async def _live(self, p: Proc, data: bytes, *, final: bool) -> None:
-        buf = p.pending + data
-        n = len(buf) if final else complete_length(buf)
-        if n:
-            await self._send_text(p, p.next_live, buf[:n])
-        p.next_live += n
-        p.pending = buf[n:]
-
-    async def _pump(self, p: Proc) -> None:
-        fd = p.spawned.read_fd
-        try:
-            while True:
-                await anyio.wait_readable(fd)
-                data, eof = handle.read_available(fd, chunk_limit(self.k.max_event_bytes))
-                if data:
-                    p.ring.append(data)
-                    await self._live(p, data, final=False)
-                if eof:
-                    return
-        finally:
-            p.output_done.set()
-
-    async def _pace(self) -> None:
-        """Flow control, and the lossless path first: the next chunk waits while earlier output still
-        waits for the link, or while lossless events wait for their receipts (a flood must not
-        delay them, PROTOCOL §6.8's "beside the agent"). Bounded: a stalled link or a steady
-        stream of lossless events slows a process, never stops it."""
-        outbox, desk = self.k.outbox, self.k.commands
-        for _ in range(PACE_MAX_STEPS):
-            if not outbox.link_up:
-                return  # nothing is sent: the ring keeps the output for a replay
-            busy = len(outbox.best_effort) >= PACE_EVENTS or outbox.pending_count > 0
-            # A command under way will admit its lossless command.finished soon: let it go first
-            # (process.* commands excepted: a keystroke's echo must not wait for its own command).
-            if not busy and not any(not kind.startswith("process.") for kind in desk.kinds.values()):
-                return
-            await anyio.sleep(PACE_STEP_S)
+    def _waits(self) -> bool:
+        outbox = self.k.outbox
+        return must_wait(
+            link_up=outbox.link_up,
+            best_effort_waiting=len(outbox.best_effort),
+            lossless_pending=outbox.pending_count,
+            commands=self.k.commands.kinds.values(),
+        )
 
     # -- life and end -----------------------------------------------------------------------------
     async def _life(self, p: Proc) -> None:
         returncode: int | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._pump, p)
+                tg.start_soon(self.output.pump, p)
                 returncode = await handle.wait_exit(p.spawned)
                 with anyio.move_on_after(OUTPUT_DRAIN_S):
                     await p.output_done.wait()
@@ -348,7 +276,7 @@ class ProcessRoom:
         handle.close_fds(p.spawned)
         with contextlib.suppress(Exception):
             if p.pending:
-                await self._live(p, b"", final=True)
+                await self.output.live(p, b"", final=True)
         info = exit_info(code if code is not None else -signal.SIGKILL)
         total = p.ring.total
         start = max(0, total - TAIL_BYTES)

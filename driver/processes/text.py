@@ -7,6 +7,8 @@ now, so a character is never split across two events (which would turn it into t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 # Characters of an event's data may grow six-fold when JSON-encoded (a control byte is `\\u0001`):
 # a raw chunk of at most (max_event_bytes - envelope) / 6 never needs the §4.3 cut, which would lose bytes.
 JSON_GROWTH = 6
@@ -56,3 +58,27 @@ def tail_of(data: bytes, *, cut: bool) -> str:
     while cut and skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
         skip += 1
     return decode(data[skip:])
+
+
+def output_chunks(data: bytes, limit: int, *, truncated_before: bool = False) -> Iterator[tuple[int, bytes]]:
+    """`data` as the (offset within `data`, bytes) of its `process.output` events: at most `limit`
+    bytes each, cut between characters. `truncated_before` with nothing left to resend: one empty
+    piece, for the event that says so."""
+    at = 0
+    while at < len(data) or (at == 0 and truncated_before):
+        piece = data[at : at + limit]
+        n = len(piece)
+        if at + n < len(data):
+            n = complete_length(piece) or n
+        yield at, piece[:n]
+        at += n
+        if n == 0:
+            break
+
+
+def live_split(pending: bytes, data: bytes, *, final: bool) -> tuple[bytes, bytes]:
+    """What of a read (after the `pending` start of a character) can go out now, and what waits for
+    the next read to complete its last character. `final`: the output ended, everything goes."""
+    buf = pending + data
+    n = len(buf) if final else complete_length(buf)
+    return buf[:n], buf[n:]

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from agent_lab.testing.ports import recording_ports
 
-from driver.adapters import codex_notices, codex_requests
-from driver.adapters.base import AdapterConfig, PermissionDecision
+from driver.adapters import codex_notices, codex_outcome, codex_requests, codex_thread
+from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError
 from driver.adapters.codex import CodexAdapter
 from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
-from driver.adapters.codex_turn import CodexTurn, FileTouched
+from driver.adapters.codex_turn import CodexTurn, FileTouched, TurnEnd
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
-from driver.protocol.boot import ExecutionConfig, McpServer, SessionConfig
+from driver.protocol.boot import ExecutionConfig, McpServer, NativeResume, RecoveryMessage, SessionConfig
 from driver.protocol.events import validate_payload
 
 
@@ -253,3 +253,42 @@ def test_a_message_codex_drops_for_a_steer_is_completed_with_what_was_streamed()
     end = turn.handle("turn/completed", {"turn": {"id": "t1", "status": "completed"}})
     assert end == []
     assert (turn.final_message_id, turn.final_message_text) == ("m2", "steered")
+
+
+def test_which_thread_opens_own_then_boot_then_new_and_never_a_foreign_one() -> None:
+    boot = NativeResume(runtime="openai-app-server", value="thr-boot")
+    assert codex_thread.opening("thr-own", boot) == codex_thread.Opening("thr-own")  # ours first, no replay kept
+    assert codex_thread.opening(None, boot) == codex_thread.Opening("thr-boot", recovery=True)
+    assert codex_thread.opening(None, None) == codex_thread.Opening(None)
+    foreign = NativeResume(runtime="claude-agent-sdk", value="sess-1")
+    assert codex_thread.opening(None, foreign) == codex_thread.Opening(None, foreign=foreign)
+    with pytest.raises(ProviderError, match="without a thread id"):
+        codex_thread.thread_of({"thread": {}})
+    assert codex_thread.thread_of({"thread": {"id": "thr-1"}}) == "thr-1"
+
+
+def test_recovery_context_goes_before_the_next_turns_text_only_when_pending() -> None:
+    said = [RecoveryMessage(role="user", text="hi"), RecoveryMessage(role="assistant", text="yo")]
+    pending = codex_thread.recovery_of(said)
+    assert codex_thread.with_recovery("next", []) == "next"
+    text = codex_thread.with_recovery("next", pending)
+    assert text.endswith("user: hi\nassistant: yo\n\nnext") and text.startswith("Context:")
+
+
+def test_turn_outcomes_a_cancel_wins_over_anything_but_completed() -> None:
+    turn = CodexTurn("run-1", "/w", "thr-1")
+    turn.end = TurnEnd("failed", "boom", {"code": "x"})
+    failed = codex_outcome.turn_outcome(turn, cancel_requested=False)
+    assert (failed.status, failed.error_message) == ("failed", "boom")
+    assert failed.error_details == {"codex_error": {"code": "x"}}
+    assert codex_outcome.turn_outcome(turn, cancel_requested=True).status == "cancelled"
+    turn.end = TurnEnd("completed", None)
+    assert codex_outcome.turn_outcome(turn, cancel_requested=True).status == "completed"
+    turn.end = TurnEnd("interrupted", None)
+    assert codex_outcome.turn_outcome(turn, cancel_requested=False).stop_reason == "cancelled"
+    refused = codex_outcome.refused_outcome(JsonRpcError(-32600, "busy"), cancel_requested=False)
+    assert (refused.status, refused.error_message, refused.error_details) == (
+        "failed",
+        "codex refused turn/start: busy",
+        {"code": -32600},
+    )

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from driver.processes.output import PACE_EVENTS, must_wait
 from driver.processes.ring import Piece, chunk_ranges, oldest_kept, pieces, plan_replay
 from driver.processes.ringfile import RingFile, leftovers
 from driver.processes.spec import SpecError, argv_of, env_of, exit_info
-from driver.processes.text import chunk_limit, complete_length, decode, tail_of
+from driver.processes.text import chunk_limit, complete_length, decode, live_split, output_chunks, tail_of
 
 
 def test_pieces_wrap_at_the_end_of_the_ring() -> None:
@@ -137,3 +138,38 @@ def test_a_dead_drivers_rings_say_what_ran_and_how_much_it_wrote(tmp_path: Path)
     assert found["loud"].output_bytes == 10_002 and found["loud"].tail == b"y" * 4096 and found["loud"].cut
     (tmp_path / "junk.json").write_text("{not json")
     assert len(leftovers(tmp_path)) == 2
+
+
+@given(st.text(), st.integers(min_value=4, max_value=64), st.booleans())
+def test_output_chunks_cover_the_data_in_order_and_never_split_a_character(
+    text: str, limit: int, truncated: bool
+) -> None:
+    data = text.encode()
+    chunks = list(output_chunks(data, limit, truncated_before=truncated))
+    assert b"".join(c for _, c in chunks) == data
+    assert [at for at, _ in chunks] == [sum(len(c) for _, c in chunks[:i]) for i in range(len(chunks))]
+    assert all(len(c) <= limit for _, c in chunks)
+    assert "".join(decode(c) for _, c in chunks) == text  # no character cut in two
+    if not data:
+        assert chunks == ([(0, b"")] if truncated else [])  # the empty event that says "truncated"
+
+
+def test_live_split_holds_back_an_unfinished_character_until_the_end() -> None:
+    euro = "€".encode()
+    assert live_split(b"", b"ab" + euro[:2], final=False) == (b"ab", euro[:2])
+    assert live_split(euro[:2], euro[2:], final=False) == (euro, b"")
+    assert live_split(euro[:2], b"", final=True) == (euro[:2], b"")
+
+
+def _waits(*, link_up: bool = True, best_effort: int = 0, lossless: int = 0, commands: tuple[str, ...] = ()) -> bool:
+    return must_wait(link_up=link_up, best_effort_waiting=best_effort, lossless_pending=lossless, commands=commands)
+
+
+def test_output_waits_for_the_link_and_the_lossless_path_only_while_the_link_is_up() -> None:
+    assert not _waits()
+    assert not _waits(best_effort=PACE_EVENTS - 1)
+    assert _waits(best_effort=PACE_EVENTS)
+    assert _waits(lossless=1)
+    assert _waits(commands=("process.input", "session.reset"))  # its command.finished goes first
+    assert not _waits(commands=("process.input",))  # a keystroke's echo never waits for its own command
+    assert not _waits(link_up=False, best_effort=PACE_EVENTS, lossless=3)  # the ring keeps it for a replay

@@ -15,7 +15,10 @@ The work dir (default ./.dev):
 
 The parts: `common` (constants, paths), `provider` (real API or offline fake), `launch` (boot payload,
 driver subprocess), `view` (what the terminal shows, no I/O), `chat` (the loop over typed lines,
-signals and stored events), `terminal` (stdin and signals as actions), `session` (the whole run).
+signals and stored events, and the commands it sends), `pump` (what the control plane stores, shown and
+turned into actions), `typed` (what a typed line means), `asking` (the permission prompts, one at a
+time), `follow` (the runs the chat follows), `terminal` (stdin and signals as actions), `session` (the
+whole run).
 """
 
 from agent_lab.dev.chat import DevChat

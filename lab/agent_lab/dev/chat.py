@@ -7,14 +7,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from agent_lab.dev import typed
+from agent_lab.dev.asking import Asking
 from agent_lab.dev.common import (
     CONSOLE_PREFIX,
     HELP,
     READY_TIMEOUT_S,
-    RUN_TERMINALS,
     SHELL_COLS,
     SHELL_ROWS,
     STOP_TIMEOUT_S,
@@ -23,20 +23,14 @@ from agent_lab.dev.common import (
     DevPaths,
     new_command_id,
 )
+from agent_lab.dev.follow import Followed, Following, new_run
 from agent_lab.dev.launch import end_process, log_tail
-from agent_lab.dev.view import Status, Transcript, choose_option, short
+from agent_lab.dev.pump import Pump
+from agent_lab.dev.view import Status, Transcript, short
 
 if TYPE_CHECKING:
     from agent_lab.controlplane.live import Subscription
     from agent_lab.controlplane.server import ControlPlane
-
-
-@dataclass
-class _Run:
-    run_id: str
-    command_id: str
-    cancel_sent: bool = False
-    terminal_seen: bool = False
 
 
 class DevChat:
@@ -72,14 +66,20 @@ class DevChat:
         self.transcript = Transcript(color)
         self.status = Status()
         self.phase = "starting"  # starting | idle | running | stopping
-        self.run: _Run | None = None
-        self.queued: deque[_Run] = deque()  # runs queued in the driver behind `run`, in start order
-        self._queued_ended: dict[str, str] = {}  # a queued run's terminal seen before the chat followed it
+        self.follow = Following()  # the run shown now, and those queued in the driver behind it
         self.waiting: deque[Action] = deque()  # typed ahead: ("input", text) | ("quit", None)
-        self.permissions: deque[Mapping[str, Any]] = deque()
+        self.asking = Asking()  # permission requests waiting for the user's y/n
         self.stdin_open = once is None
-        self.link_lost = False
         self.commands: dict[str, str] = {}  # command id -> kind, for commands this chat sent
+        self.pump = Pump(
+            follow=self.follow,
+            status=self.status,
+            transcript=self.transcript,
+            commands=self.commands,
+            write=self.write,
+            push=self.push,
+            stopping=lambda: self.phase == "stopping",
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- output ---------------------------------------------------------------------------------
@@ -92,78 +92,12 @@ class DevChat:
         self.write(self.transcript.line(text))
 
     def prompt(self) -> None:
-        if self.prompts and self.phase == "idle" and not self.waiting and not self.permissions:
+        if self.prompts and self.phase == "idle" and not self.waiting and not self.asking:
             self.write(USER_PROMPT)
             self.transcript.mark_line_start(False)
 
     def push(self, action: Action) -> None:
         self.actions.put_nowait(action)
-
-    # -- the pump: control-plane items -> output and actions --------------------------------------
-    async def pump(self, sub: Subscription) -> None:
-        try:
-            async for item in sub:
-                kind = item.get("type")
-                if kind == "event":
-                    self._on_event(item)
-                elif kind == "heartbeat":
-                    self.status.heartbeat(item, time.monotonic())
-                elif kind == "link":
-                    self._on_link(item)
-                elif kind == "command.update":
-                    self._on_update(item)
-                elif kind == "command" and item.get("command_id") not in self.commands:
-                    self.push(("elsewhere", item.get("command_id")))
-        except Exception as exc:  # a bug here must not leave the user typing into a dead chat
-            self.say(f"[dev] internal error while showing events: {type(exc).__name__}: {exc}")
-            self.push(("stop", "internal error"))
-
-    def _on_event(self, event: Mapping[str, Any]) -> None:
-        self.write(self.transcript.event(event))
-        kind = event["kind"]
-        run = self.run
-        if kind == "driver.started":
-            self.push(("ready", None))
-        elif kind in RUN_TERMINALS and run is not None and event.get("run_id") == run.run_id:
-            run.terminal_seen = True
-            self.push(("run_ended", kind))
-        elif kind in RUN_TERMINALS and any(q.run_id == event.get("run_id") for q in self.queued):
-            self._queued_ended[str(event.get("run_id"))] = kind  # it may end before the loop follows it
-        elif kind == "permission.requested":
-            self.push(("permission", event["payload"]))
-        elif kind == "permission.resolved":
-            self.push(("permission_settled", event["payload"]))
-
-    def _on_link(self, item: Mapping[str, Any]) -> None:
-        self.status.connected = item.get("state") == "up"
-        if self.phase == "stopping":
-            return
-        if not self.status.connected:
-            self.link_lost = True
-            self.say(f"[link] down (close code {item.get('close_code')}); the driver reconnects by itself")
-        elif self.link_lost:
-            self.link_lost = False
-            self.say("[link] up again")
-
-    def _on_update(self, item: Mapping[str, Any]) -> None:
-        kind = self.commands.get(str(item.get("command_id")))
-        if kind is None or item.get("status") != "failed":
-            return
-        error = item.get("error") or {}
-        run = self.run
-        queued = next((q for q in self.queued if q.command_id == item.get("command_id")), None)
-        if kind == "input.start" and queued is not None:
-            self.queued.remove(queued)  # refused before it started (driver.queue_full, say)
-            self.say(f"[queue refused] {error.get('code')}: {error.get('message')}")
-            return
-        if kind == "input.start":
-            if run is None or run.command_id != item.get("command_id") or run.terminal_seen:
-                return  # the run's own terminal event already told the story
-            run.terminal_seen = True
-            self.say(f"[input refused] {error.get('code')}: {error.get('message')}")
-            self.push(("run_ended", "refused"))
-            return
-        self.say(f"[{kind} failed] {error.get('code')}: {error.get('message')}")
 
     # -- commands -------------------------------------------------------------------------------
     async def send(self, kind: str, command_id: str | None = None, **fields: Any) -> None:
@@ -172,21 +106,19 @@ class DevChat:
         await self.cp.send_command(self.instance_id, kind, command_id=command_id, **fields)
 
     async def start_run(self, text: str) -> None:
-        """A new run id each time; the run is known before its command goes out, so no event of
-        it can arrive unrecognised."""
-        self.run = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
+        run = self.follow.run = new_run()
         self.phase = "running"
-        await self.send("input.start", self.run.command_id, run_id=self.run.run_id, input={"text": text})
+        await self.send("input.start", run.command_id, run_id=run.run_id, input={"text": text})
 
     async def steer(self, text: str) -> None:
         """PROTOCOL §3.1: a line typed during a reply goes into the running run."""
-        assert self.run is not None
-        await self.send("input.steer", run_id=self.run.run_id, input={"text": text})
+        assert self.follow.run is not None
+        await self.send("input.steer", run_id=self.follow.run.run_id, input={"text": text})
 
     async def queue_run(self, text: str) -> None:
         """`/queue TEXT`: a run the driver holds and starts once the runs before it end."""
-        queued = _Run(f"run-{uuid.uuid4().hex[:12]}", new_command_id())
-        self.queued.append(queued)
+        queued = new_run()
+        self.follow.queued.append(queued)
         await self.send("input.start", queued.command_id, run_id=queued.run_id, input={"text": text}, queue=True)
         self.say(f"[dev] queued {queued.run_id}: it starts when the run before it ends")
 
@@ -227,7 +159,7 @@ class DevChat:
     # -- the loop -------------------------------------------------------------------------------
     async def serve(self, sub: Subscription) -> int:
         """Run until the driver has exited; the exit status of `agent-driver dev`."""
-        self._spawn(self.pump(sub))
+        self._spawn(self.pump.run(sub))
         self._spawn(self._watch_driver())
         self._spawn(self._ready_watchdog())
         try:
@@ -255,8 +187,7 @@ class DevChat:
         elif kind == "run_ended":
             await self._run_ended(str(value))
         elif kind == "permission":
-            self.permissions.append(value)
-            if len(self.permissions) == 1:
+            if self.asking.add(value):
                 await self._ask_permission()
         elif kind == "permission_settled":
             await self._permission_settled(value)
@@ -268,7 +199,7 @@ class DevChat:
             await self._line(str(value))
         elif kind == "eof":
             self.stdin_open = False
-            if self.permissions:
+            if self.asking:
                 await self._answer_permission(False, "stdin closed")
             self.waiting.append(("quit", None))
             await self._next_waiting()
@@ -286,18 +217,16 @@ class DevChat:
         self.prompt()
 
     async def _run_ended(self, terminal: str) -> None:
-        run = self.run
+        run = self.follow.run
         if run is None:
             return
         self.status.last_run, self.status.last_terminal = run.run_id, terminal.removeprefix("run.")
-        self.run = None
-        self.permissions.clear()
+        self.follow.run = None
+        self.asking.clear()
         self.say(self.status.line(time.monotonic()))
-        if self.queued and self.phase == "running":
-            self.run = self.queued.popleft()  # the driver starts it now: follow it
-            ended = self._queued_ended.pop(self.run.run_id, None)
+        if self.follow.queued and self.phase == "running":
+            ended = self.follow.follow_next()  # the driver starts it now: follow it
             if ended is not None:
-                self.run.terminal_seen = True
                 await self._run_ended(ended)
             return
         if self.phase == "running":
@@ -319,60 +248,59 @@ class DevChat:
             await self.start_run(str(value))
 
     async def _line(self, raw: str) -> None:
-        text = raw.rstrip("\r\n")
-        if self.permissions:
-            answer = text.strip().lower()
-            if answer in ("y", "yes", "n", "no"):
-                await self._answer_permission(answer.startswith("y"), "")
-            else:
+        if self.asking:
+            allow = typed.answer(raw)
+            if allow is None:
                 self.say("[permission] please answer y or n")
                 self._ask_again()
+            else:
+                await self._answer_permission(allow, "")
             return
-        command = text.strip()
-        if command == "/status":
+        line = typed.parse(raw)
+        if line.kind == "status":
             self.say(self.status.line(time.monotonic()))
             self.say(self.status.activity_line())
-        elif command == "/help":
+        elif line.kind == "help":
             self.say(HELP)
-        elif command == "/shell":
+        elif line.kind == "shell":
             await self.open_shell()
-        elif command in ("/quit", "/exit"):
+        elif line.kind == "quit":
             if self.phase == "running":
                 self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")
             self.waiting.append(("quit", None))
-        elif command.startswith("/queue"):
-            queued = command.removeprefix("/queue").strip()
-            if not queued:
+        elif line.kind == "queue":
+            if not line.text:
                 self.say("[dev] /queue TEXT queues TEXT behind the running reply")
-            elif self.phase == "running" and self.run is not None:
-                await self.queue_run(queued)
+            elif self.phase == "running" and self.follow.run is not None:
+                await self.queue_run(line.text)
             else:
-                self.waiting.append(("input", queued))
-        elif command:
-            if self.phase == "running" and self.run is not None and not self.run.cancel_sent:
-                await self.steer(text)
+                self.waiting.append(("input", line.text))
+        elif line.kind == "say":
+            run = self.follow.run
+            if self.phase == "running" and run is not None and not run.cancel_sent:
+                await self.steer(line.text)
                 return
             if self.phase in ("starting", "running"):
                 self.say("[dev] waiting: it is sent when the driver is free")
-            self.waiting.append(("input", text))
+            self.waiting.append(("input", line.text))
         await self._next_waiting()
         self.prompt()
 
     async def _interrupt(self) -> None:
-        run = self.run
+        run, queued_runs = self.follow.run, self.follow.queued
         if self.phase == "stopping":
             self.say("[dev] terminating the driver")
             await end_process(self.driver)
         elif run is not None and not run.cancel_sent:
             run.cancel_sent = True
             # Typed-ahead inputs go with the cancelled run; a typed-ahead /quit stays.
-            dropped = sum(1 for kind, _ in self.waiting if kind == "input") + len(self.queued)
+            dropped = sum(1 for kind, _ in self.waiting if kind == "input") + len(queued_runs)
             self.waiting = deque(a for a in self.waiting if a[0] != "input")
             note = f"; {dropped} queued input(s) dropped" if dropped else ""
             self.say(f"[dev] cancelling {run.run_id} (Ctrl-C again to quit){note}")
             # The runs queued in the driver first, so none of them starts when this one ends.
-            while self.queued:
-                queued = self.queued.popleft()
+            while queued_runs:
+                queued = queued_runs.popleft()
                 await self.send("turn.cancel", run_id=queued.run_id, reason="user pressed Ctrl-C")
             await self.send("turn.cancel", run_id=run.run_id, reason="user pressed Ctrl-C")
         else:
@@ -399,15 +327,16 @@ class DevChat:
             self.say(f"[console] {cmd['kind']}")
             return
         self.say(f"{CONSOLE_PREFIX}{text}")
-        if self.phase == "idle" and self.run is None:
-            self.run = _Run(str(body.get("run_id")), command_id)
+        followed = Followed(str(body.get("run_id")), command_id)
+        if self.phase == "idle" and self.follow.run is None:
+            self.follow.run = followed
             self.phase = "running"
         elif body.get("queue") and self.phase == "running":
-            self.queued.append(_Run(str(body.get("run_id")), command_id))  # followed after the current one
+            self.follow.queued.append(followed)  # followed after the current one
 
     # -- permissions ----------------------------------------------------------------------------
     async def _ask_permission(self) -> None:
-        request = self.permissions[0]
+        request = self.asking.head()
         self.say(f"[permission] the agent asks: {short(request.get('title') or 'a tool call', 160)}")
         if not self.stdin_open:
             await self._answer_permission(False, "--once does not ask" if self.once is not None else "stdin is closed")
@@ -422,27 +351,21 @@ class DevChat:
             self.say("[permission] answer y or n")
 
     async def _answer_permission(self, allow: bool, why: str) -> None:
-        request = self.permissions.popleft()
-        option_id = choose_option(request.get("options") or [], allow)
+        request, option_id = self.asking.take(allow)
         if option_id is None:
             self.say(f"[permission] no {'allow' if allow else 'reject'} option was offered; leaving it to time out")
         else:
             self.say(f"[permission] {'allowed' if allow else 'rejected'}{f' ({why})' if why else ''}")
             await self.send("permission.resolve", request_id=request.get("request_id"), option_id=option_id)
-        if self.permissions:
+        if self.asking:
             await self._ask_permission()
 
     async def _permission_settled(self, resolved: Mapping[str, Any]) -> None:
         """Resolved without us (timeout, cancel, the web console): stop asking about it."""
-        request_id = resolved.get("request_id")
-        head = self.permissions[0].get("request_id") if self.permissions else None
-        if resolved.get("decided_by") == "control_plane" and any(
-            p.get("request_id") == request_id for p in self.permissions
-        ):
-            # Still asked here, so the answer came from elsewhere: the web console.
+        settled = self.asking.settle(resolved)
+        if settled.from_console:
             self.say(f"[permission] {resolved.get('outcome')} in the console")
-        self.permissions = deque(p for p in self.permissions if p.get("request_id") != request_id)
-        if head == request_id and self.permissions:
+        if settled.ask_next:
             await self._ask_permission()
 
     # -- the end --------------------------------------------------------------------------------
