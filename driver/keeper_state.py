@@ -114,7 +114,7 @@ def discard(state_dir: Path) -> bool:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(record.keeper_pid, signal.SIGKILL)
             killed = True
-    for name in ("record.json", "turn.json"):
+    for name in ("record.json", "turn.json", "host.json"):
         with contextlib.suppress(OSError):
             (keeper_dir(state_dir) / name).unlink()
     return killed

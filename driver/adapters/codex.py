@@ -27,6 +27,7 @@ from driver.adapters import (
     codex_requests,
     codex_steer,
     codex_thread,
+    host_server,
     instructions,
 )
 from driver.adapters.base import (
@@ -91,11 +92,9 @@ class CodexAdapter(Adapter):
     async def start(self) -> None:
         binary = codex_binary(self.config.project_root)
         host_url: str | None = None
-        # Host tools are not carried across a reattach: the continued Codex keeps the dead driver's
-        # MCP server address (documented in docs/protocol.md).
+        # A continued Codex keeps calling the dead driver's server address: it is served again.
         if self.config.execution.host_tools:
-            self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
-            await self._host.start()
+            self._host = await host_server.start(self.config, self.ports.host_tools)
             host_url = self._host.url
         home, extra_env = self._prepare_home(host_url)
         env = {**self.config.env, **extra_env, "CODEX_HOME": str(home)}
@@ -114,6 +113,7 @@ class CodexAdapter(Adapter):
             emit=self.ports.emit,
             on_request=self._on_request,
             on_notification=self._on_notification,
+            host=self._host,
         )
         if plan is not None and plan.thread_id is not None:
             # A predecessor's Codex, initialized, its thread open: continue where its output log is.

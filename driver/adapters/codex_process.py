@@ -23,6 +23,7 @@ from driver.adapters.jsonrpc import JsonRpcPeer, PeerClosed
 from driver.adapters.keeping import AnyProcess, provider_process
 from driver.adapters.protocol_diagnostics import Emit, ProtocolDiagnostics
 from driver.kept import KeptProcess
+from driver.ports.mcp_host import McpHostServer
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 
@@ -49,10 +50,13 @@ class CodexProcess:
         emit: Emit,
         on_request: Handler,
         on_notification: Handler,
+        host: McpHostServer | None = None,
     ) -> reattach.Plan | None:
         """Spawn (or continue) the process and start its peer; the reattach plan when it is a
         predecessor's Codex (initialized already: no handshake)."""
-        proc, plan = await provider_process(argv, env=env, cwd=cwd, name="codex", config=config, runtime=runtime)
+        proc, plan = await provider_process(
+            argv, env=env, cwd=cwd, name="codex", config=config, runtime=runtime, host=host
+        )
         self._set_proc(proc)
         peer = JsonRpcPeer(
             proc.stdout,

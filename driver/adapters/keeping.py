@@ -9,9 +9,11 @@ from pathlib import Path
 import anyio.to_thread
 
 from driver import kept, logs, reattach
+from driver.adapters import host_server
 from driver.adapters.base import AdapterConfig
 from driver.adapters.process import ProviderProcess, secret_values
 from driver.kept import KeeperError, KeptProcess
+from driver.ports.mcp_host import McpHostServer
 
 log = logs.get(__name__)
 
@@ -19,10 +21,18 @@ AnyProcess = ProviderProcess | KeptProcess
 
 
 async def provider_process(
-    argv: list[str], *, env: Mapping[str, str], cwd: Path, name: str, config: AdapterConfig, runtime: str
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    name: str,
+    config: AdapterConfig,
+    runtime: str,
+    host: McpHostServer | None = None,
 ) -> tuple[AnyProcess, reattach.Plan | None]:
     """The process, and the reattach plan when it is a predecessor's provider (then it is already
-    initialized: no handshake, and the plan names the thread and the run to continue)."""
+    initialized: no handshake, and the plan names the thread and the run to continue). `host`: the
+    host MCP server the provider is given, whose address a kept one keeps (driver/adapters/host_server.py)."""
     grace = config.execution.reattach_grace_ms
     root = Path(config.session.state_dir)
     if grace <= 0:
@@ -41,8 +51,7 @@ async def provider_process(
             log.info("keeper.attached", provider_pid=proc.pid, run_id=plan.run_id, offset=plan.offset)
             return proc, plan
     if await anyio.to_thread.run_sync(kept.supported):
-        return (
-            await KeptProcess.spawn(argv, env=env, cwd=cwd, state_dir=root, runtime=runtime, grace_ms=grace),
-            None,
-        )
+        proc = await KeptProcess.spawn(argv, env=env, cwd=cwd, state_dir=root, runtime=runtime, grace_ms=grace)
+        host_server.remember(root, host)
+        return proc, None
     return await ProviderProcess.spawn(argv, env=env, cwd=cwd, name=name), None

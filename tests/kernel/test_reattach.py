@@ -168,6 +168,51 @@ async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, 
 
 
 @pytest.mark.provider
+async def test_the_continued_codex_calls_host_tools_at_the_address_it_was_given(tmp_path: Path, fakes: Fakes) -> None:
+    """Codex keeps the host MCP server's URL and token it was started with: the new driver serves them
+    (driver/adapters/host_server.py), so a host tool called after the reattach reaches the CP."""
+    state = tmp_path / "state"
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    def payload() -> dict[str, Any]:
+        p = kept_payload(tmp_path, cp, fakes)
+        p["execution"]["host_tools"] = [{"name": "lookup", "description": "Look a thing up", "input_schema": schema}]
+        p["execution"]["permission_policy"] = "full_access"
+        return p
+
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, payload(), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 40)
+            pid = provider_pid(state)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            d = Driver(tmp_path, payload(), name="driver2", env=FAST)
+            assert (await cp.wait_for_command_status(cid, timeout=90))["status"] == "completed"
+            text = '[[mcp:host:lookup:{"q": "teal"}]]'
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": text})
+            called = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "host_tool.called", timeout=90)
+            assert called["epoch"] == 2 and called["payload"]["name"] == "lookup"
+            await cp.send_command(
+                INSTANCE,
+                "host_tool.result",
+                call_id=called["payload"]["call_id"],
+                content=[{"type": "text", "text": "teal is a colour"}],
+                is_error=False,
+            )
+            assert (await cp.wait_for_command_status(cid2, timeout=90))["status"] == "completed"
+            resolved = [e["payload"] for e in cp.events(INSTANCE, "host_tool.resolved")]
+            assert resolved == [{"call_id": called["payload"]["call_id"], "outcome": "completed"}]
+            assert "teal is a colour" in str(fakes.responses.requests[-1])
+            assert provider_pid(state) == pid
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
 async def test_no_driver_within_the_grace_leaves_nothing(tmp_path: Path, fakes: Fakes) -> None:
     state = tmp_path / "state"
     async with control_plane(tmp_path) as cp:
