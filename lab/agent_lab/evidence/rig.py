@@ -135,6 +135,16 @@ def payload(
     }
 
 
+def _die_with_the_rig() -> None:
+    """In the child, before exec: SIGKILL when the evidence process dies (a test's timeout SIGKILLs it,
+    and no cleanup of ours runs then). The driver is in a session of its own, so nothing else would end
+    it; what its providers do when it dies is still the driver's own containment, as measured. The rig
+    starts drivers from the event loop's thread, which lives as long as the process."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class DriverProc:
     """A real `agent-driver run` process in a session of its own; its stderr is its log."""
 
@@ -159,6 +169,7 @@ class DriverProc:
                 env=environ,
                 cwd=str(box.cwd),
                 start_new_session=True,
+                preexec_fn=_die_with_the_rig,
             )
 
     @property
