@@ -8,6 +8,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -246,6 +247,25 @@ async def test_artifacts_are_served_only_while_their_hash_matches(
         cp, "GET", f"/console/instances/{INSTANCE}/artifacts?event_id={escaping['event_id']}", cookie=cookie
     )
     assert status == 403
+    # A name that is not UTF-8: opened by its raw bytes (path_b64), named by the escaped form.
+    raw = b"outputs/caf\xe9.txt"
+    (tmp_path / "cwd").joinpath(os.fsdecode(raw)).write_bytes(content)
+    odd = event(
+        3,
+        "artifact.produced",
+        payload={
+            "path": "outputs/caf\\xe9.txt",
+            "path_b64": base64.b64encode(raw).decode(),
+            "size": len(content),
+            "sha256": digest,
+        },
+    )
+    await send(ws, batch(2, [odd]))
+    await cp.wait_for_event(INSTANCE, lambda e: e["seq"] == 3)
+    url = f"/console/instances/{INSTANCE}/artifacts?event_id={odd['event_id']}"
+    status, headers, body = await request(cp, "GET", url, cookie=cookie)
+    assert status == 200 and body == content, body
+    assert 'filename="caf\\\\xe9.txt"' in headers["Content-Disposition"]
     await ws.close()
 
 

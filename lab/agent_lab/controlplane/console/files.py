@@ -9,7 +9,9 @@ path, size and sha256, so a file is served only from a folder the console was to
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import secrets
 from http import HTTPStatus
 from pathlib import Path, PurePosixPath
@@ -45,6 +47,16 @@ def read_upload(root: Path, key: str, name: str) -> bytes:
         return path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         raise HttpError(HTTPStatus.NOT_FOUND, "not found") from None
+
+
+def raw_name(path_b64: object) -> str | None:
+    """The name `path_b64` holds, as the str `os` opens those exact bytes by (surrogate escapes)."""
+    if not isinstance(path_b64, str):
+        return None
+    try:
+        return os.fsdecode(base64.b64decode(path_b64, validate=True))
+    except ValueError:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "the artifact's path_b64 is not base64") from None
 
 
 def read_artifact(cwd: Path | None, rel: str, sha256: str) -> bytes:

@@ -228,9 +228,12 @@ class Console:
         if event is None or event["kind"] != "artifact.produced":
             raise HttpError(HTTPStatus.NOT_FOUND, "no such artifact.produced event")
         payload = event["payload"]
-        rel, digest = str(payload.get("path")), str(payload.get("sha256"))
+        shown, digest = str(payload.get("path")), str(payload.get("sha256"))
+        # A name that is not UTF-8 travels escaped in `path`, its raw bytes in `path_b64` (the driver's
+        # docs/protocol.md): the file is opened by its bytes, the download named by the escaped form.
+        rel = files.raw_name(payload.get("path_b64")) or shown
         data = files.read_artifact(self.config.artifact_roots.get(instance_id), rel, digest)
-        filename = json.dumps(Path(rel).name)  # a quoted-string for Content-Disposition
+        filename = json.dumps(Path(shown).name)  # a quoted-string for Content-Disposition
         await respond(
             writer,
             HTTPStatus.OK,
