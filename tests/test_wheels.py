@@ -123,6 +123,9 @@ def test_the_lab_wheel_carries_the_lab_with_its_agents_and_benches(wheels: tuple
         "agent_lab/testing/agents/flood_acp_agent.py",
         "agent_lab/bench/__main__.py",
         "agent_lab/bench/cold_start.py",
+        "agent_lab/bench/steer.py",
+        "agent_lab/bench/cancel_evidence.py",
+        "agent_lab/bench/_driven.py",
         "agent_lab/evidence/cli.py",
         "agent_lab/evidence/dialer.py",
         "agent_lab/controlplane/console/static/index.html",
@@ -132,13 +135,12 @@ def test_the_lab_wheel_carries_the_lab_with_its_agents_and_benches(wheels: tuple
 
 
 def test_evidence_loads_nothing_from_a_checkout() -> None:
-    """What `agent-driver evidence` runs (its claims and the benches they start) must not read tests/ or
-    a checkout-relative bench/: those are not in an install."""
+    """What `agent-driver evidence` runs (its claims and the benches they start), and the rest of the lab
+    (every bench included), must not read tests/ or a checkout-relative bench/: those are not in an
+    install of `agent-driver-lab`."""
     offenders = []
     lab = ROOT / "lab" / "agent_lab"
-    for path in [*(lab / "evidence").rglob("*.py"), *(lab / "bench").rglob("*.py")]:
-        if path.name in ("cancel_evidence.py", "steer.py"):
-            continue  # the benches that need a checkout (they drive the kernel tests' harness); not in evidence
+    for path in lab.rglob("*.py"):
         text = path.read_text()
         if re.search(r"""from tests\b|import tests\b|["']tests["']|-m", f?"bench\.""", text):
             offenders.append(str(path.relative_to(ROOT)))

@@ -1,7 +1,8 @@
 """Boot payloads that run each REAL runtime offline against the fake model endpoints, for the real
 driver process (the same settings the adapter tests use: tests/adapters/test_{claude,codex,acp}.py).
 
-Used by the provider-marked kernel tests and by lab/agent_lab/bench/cancel_evidence.py.
+Used by the provider-marked kernel tests (the benches carry the same settings in
+lab/agent_lab/bench/_driven.py, on the evidence rig).
 """
 
 from __future__ import annotations

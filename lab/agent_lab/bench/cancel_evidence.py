@@ -10,14 +10,12 @@ The real runtimes (Claude Code CLI, Codex app-server, codex-acp) run offline aga
 endpoints. Two rows use our stubborn ACP agent, which ignores the interrupt (and SIGTERM), with the
 grace periods shortened to 500 ms each (AGENT_DRIVER_CANCEL_GRACE_MS / AGENT_DRIVER_TERM_GRACE_MS),
 to show the escalation phases; the real runtimes use the default 5 s + 3 s bounds and never need them.
-
-The one bench that needs a checkout: it drives the kernel tests' harness (tests/kernel, tests/integration).
+It runs on the evidence rig (agent_lab.bench._driven), so an install of the lab runs it too.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import statistics
@@ -31,11 +29,11 @@ from typing import Any
 
 import anyio
 
+from agent_lab.bench import _driven
+from agent_lab.bench._driven import INSTANCE, SLOW, provider_pid
+from agent_lab.evidence.rig import TERMINALS, rig
 from agent_lab.testing.fakes import Fakes
 from driver import logs
-from tests.integration.harness import INSTANCE, control_plane
-from tests.kernel import runtimes
-from tests.kernel.support import TERMINALS, Driver, children
 
 SHORT_GRACE = {"AGENT_DRIVER_CANCEL_GRACE_MS": "500", "AGENT_DRIVER_TERM_GRACE_MS": "500"}
 
@@ -91,29 +89,19 @@ async def wait_delta(cp: Any, run_id: str) -> None:
     await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "message.delta" and e["run_id"] == run_id, timeout=60)
 
 
-async def provider_pid(driver: Driver, exclude: int | None = None) -> int:
-    with anyio.fail_after(60):
-        while True:
-            found = [p for p in children(driver.pid) if p != exclude]
-            if found:
-                return found[0]
-            await anyio.sleep(0.02)  # polling /proc: nothing announces a new child
-
-
 async def measure(case: Case, runs: int, crashes: int, fakes: Fakes) -> Row:
     row = Row(case)
     with tempfile.TemporaryDirectory(prefix="cancel-evidence-") as tmp_name:
         tmp = Path(tmp_name)
-        async with control_plane(tmp) as cp:
-            payload = runtimes.payload(case.runtime, tmp, cp.url, fakes, mode=case.mode)
-            driver = Driver(tmp, payload, env=case.env)
+        # Closing the rig stops the driver: SIGTERM, then SIGKILL of what is left after 20 s.
+        async with rig(tmp, fakes) as r:
+            cp = r.cp
+            driver = _driven.start(r, case.runtime, mode=case.mode, env=case.env)
             try:
                 await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
                 for i in range(runs):
                     run_id = f"c-{i}"
-                    input_cid, _ = await cp.send_command(
-                        INSTANCE, "input.start", run_id=run_id, input={"text": runtimes.SLOW}
-                    )
+                    input_cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": SLOW})
                     await wait_delta(cp, run_id)
                     t0 = time.perf_counter()
                     await cp.send_command(INSTANCE, "turn.cancel", run_id=run_id, reason="bench")
@@ -130,7 +118,7 @@ async def measure(case: Case, runs: int, crashes: int, fakes: Fakes) -> Row:
                         )
                 for i in range(crashes):
                     run_id = f"k-{i}"
-                    await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": runtimes.SLOW})
+                    await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": SLOW})
                     await wait_delta(cp, run_id)
                     pgid = await provider_pid(driver)
                     t0 = time.perf_counter()
@@ -146,12 +134,7 @@ async def measure(case: Case, runs: int, crashes: int, fakes: Fakes) -> Row:
                     )
                     row.crash_ready_ms.append((time.perf_counter() - t0) * 1000)
             except TimeoutError:
-                row.error = "timed out; driver stderr tail: " + driver.stderr()[-300:].replace("\n", " | ")
-            finally:
-                driver.signal(signal.SIGTERM)
-                with contextlib.suppress(TimeoutError):
-                    await driver.wait(20)
-                driver.close()
+                row.error = "timed out; driver stderr tail: " + driver.log()[-300:].replace("\n", " | ")
     return row
 
 

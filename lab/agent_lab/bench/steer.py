@@ -1,5 +1,5 @@
 """Steer evidence (PROTOCOL §3.1), through the real driver process and the reference control plane, per
-runtime (run with `python -m bench.steer [--runs N]`):
+runtime (run with `python -m agent_lab.bench.steer [--runs N] [--only RUNTIME ...]`):
 
 - steer → provider has it: from sending `input.steer` (the run streaming) to the control plane having
   stored `input.steered` (the driver emits it once the provider took the input);
@@ -25,12 +25,12 @@ from typing import Any
 
 import anyio
 
+from agent_lab.bench import _driven
 from agent_lab.bench._common import percentile, table
+from agent_lab.bench._driven import INSTANCE
+from agent_lab.evidence.rig import TERMINALS, rig
 from agent_lab.testing.fakes import Fakes
 from driver import logs
-from tests.integration.harness import INSTANCE, control_plane
-from tests.kernel import runtimes
-from tests.kernel.support import TERMINALS, Driver
 
 STEERED_RUN = "[[slow:40]]"
 
@@ -87,36 +87,34 @@ async def measure(runtime: str, runs: int, fakes: Fakes) -> Row:
     requests = timed_requests(fakes, runtime)
     with tempfile.TemporaryDirectory(prefix="bench-steer-") as tmp_name:
         tmp = Path(tmp_name)
-        async with control_plane(tmp) as cp:
-            driver = Driver(tmp, runtimes.payload(runtime, tmp, cp.url, fakes))
-            try:
-                await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
-                for i in range(runs + 1):  # the first of each is a warm-up, not counted
-                    fresh = f"fresh-{i}"
-                    t0 = time.monotonic()
-                    await cp.send_command(INSTANCE, "input.start", run_id=fresh, input={"text": "[[say:hi]]"})
-                    await stored(cp, fresh, "message.delta")
-                    ttft = (time.monotonic() - t0) * 1000
-                    await terminal(cp, fresh)
+        async with rig(tmp, fakes) as r:  # stops the driver when it closes
+            cp = r.cp
+            _driven.start(r, runtime)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            for i in range(runs + 1):  # the first of each is a warm-up, not counted
+                fresh = f"fresh-{i}"
+                t0 = time.monotonic()
+                await cp.send_command(INSTANCE, "input.start", run_id=fresh, input={"text": "[[say:hi]]"})
+                await stored(cp, fresh, "message.delta")
+                ttft = (time.monotonic() - t0) * 1000
+                await terminal(cp, fresh)
 
-                    steered, marker = f"steered-{i}", f"[[say:steer {runtime} {i}]]"
-                    await cp.send_command(INSTANCE, "input.start", run_id=steered, input={"text": STEERED_RUN})
-                    await stored(cp, steered, "message.delta")
-                    t0 = time.monotonic()
-                    await cp.send_command(INSTANCE, "input.steer", run_id=steered, input={"text": marker})
-                    event = await stored(cp, steered, "input.steered")
-                    took = (time.monotonic() - t0) * 1000
-                    await terminal(cp, steered)
-                    seen = requests.arrived(marker)
-                    if i == 0:
-                        row.mode = str(event["payload"]["mode"])
-                        continue
-                    row.ttft_ms.append(ttft)
-                    row.steered_ms.append(took)
-                    if seen is not None:
-                        row.model_ms.append((seen - t0) * 1000)
-            finally:
-                driver.close()
+                steered, marker = f"steered-{i}", f"[[say:steer {runtime} {i}]]"
+                await cp.send_command(INSTANCE, "input.start", run_id=steered, input={"text": STEERED_RUN})
+                await stored(cp, steered, "message.delta")
+                t0 = time.monotonic()
+                await cp.send_command(INSTANCE, "input.steer", run_id=steered, input={"text": marker})
+                event = await stored(cp, steered, "input.steered")
+                took = (time.monotonic() - t0) * 1000
+                await terminal(cp, steered)
+                seen = requests.arrived(marker)
+                if i == 0:
+                    row.mode = str(event["payload"]["mode"])
+                    continue
+                row.ttft_ms.append(ttft)
+                row.steered_ms.append(took)
+                if seen is not None:
+                    row.model_ms.append((seen - t0) * 1000)
     return row
 
 
@@ -162,7 +160,7 @@ async def main(runs: int, only: list[str]) -> None:
     rows: list[Row] = []
     with ExitStack() as stack:
         fakes = Fakes(stack)
-        for runtime in runtimes.RUNTIMES:
+        for runtime in _driven.RUNTIMES:
             if only and runtime not in only:
                 continue
             print(f"measuring {runtime} ...", flush=True)
