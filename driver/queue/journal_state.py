@@ -182,22 +182,25 @@ class JournalState:
         """The permission requests `run_id` has journaled and not yet ended with the run (open or
         decided), oldest first; records that fail their check are set aside, not returned."""
         prefix = asked.run_prefix(run_id)
+        out = []
         with self._lock, self._tx():
-            keys = [
-                str(r[0])
-                for r in self._db.execute(
-                    "SELECT key FROM texts WHERE substr(key, 1, ?) = ? ORDER BY rowid", (len(prefix), prefix)
-                ).fetchall()
-            ]
-            out = []
-            for key in keys:
+            for key, value in self._texts_under(prefix):
                 if "/" in key[len(prefix) :]:
                     continue  # another run's, whose id starts with this one's and a slash
-                value = self._text_checked(key)
-                record = asked.parse(key, value) if value is not None else None
-                if record is not None:
+                if (record := asked.parse(key, value)) is not None:
                     out.append(record)
         return out
+
+    def _texts_under(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, value) of the texts whose key starts with `prefix`, oldest first, those that pass their
+        check (the others are set aside). The caller holds the lock, inside a transaction."""
+        keys = [
+            str(r[0])
+            for r in self._db.execute(
+                "SELECT key FROM texts WHERE substr(key, 1, ?) = ? ORDER BY rowid", (len(prefix), prefix)
+            ).fetchall()
+        ]
+        return [(key, value) for key in keys if (value := self._text_checked(key)) is not None]
 
     def _host_call_update(self, body: bytes) -> None:
         change = asked.host_call(body)
@@ -214,13 +217,7 @@ class JournalState:
         settled (a dead predecessor's), oldest first; records that fail their check are set aside."""
         prefix = asked.HOST_CALL_PREFIX
         with self._lock, self._tx():
-            keys = [
-                str(r[0])
-                for r in self._db.execute(
-                    "SELECT key FROM texts WHERE substr(key, 1, ?) = ? ORDER BY rowid", (len(prefix), prefix)
-                ).fetchall()
-            ]
-            return [key[len(prefix) :] for key in keys if self._text_checked(key) is not None]
+            return [key[len(prefix) :] for key, _ in self._texts_under(prefix)]
 
     # -- the transcript (PROTOCOL §8) ---------------------------------------------------------------
     def transcript(self) -> list[tuple[str, str]]:
