@@ -274,6 +274,10 @@ def term(session_id: str, command: str) -> str:
     content = [{"type": "terminal", "terminalId": tid}]
     update(session_id, {"sessionUpdate": "tool_call", **tool, "content": content})
     waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    if "error" in waited:  # e.g. the terminal is gone with the driver that ran it (PROTOCOL §8.2)
+        failed = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "failed"}
+        update(session_id, failed)
+        return "terminal error: " + error_text(waited)
     code = waited["result"].get("exitCode")
     done = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "completed"}
     update(session_id, {**done, "rawOutput": {"exit_code": code}})
