@@ -19,7 +19,7 @@ import pytest
 
 from driver import keeper_state, kept
 from tests.faults.history import check_instance, check_run
-from tests.integration.harness import INSTANCE, control_plane
+from tests.integration.harness import INSTANCE, DriverProcess, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver
@@ -304,3 +304,82 @@ async def test_an_idle_acp_agent_is_reattached(tmp_path: Path, fakes: Fakes) -> 
         finally:
             d.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_an_acp_handover_mid_stream_loses_nothing(tmp_path: Path, fakes: Fakes) -> None:
+    """`agent-driver run --handover` with an ACP agent: the old process exits 0, the run goes on under
+    the new one, whole and once, with the same agent process and no second model request."""
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d1 = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes), env=FAST)
+        d2: DriverProcess | None = None
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 40, timeout=90)
+            pid = provider_pid(state)
+            asked = agent_loop_requests(fakes, agent)
+            payload = kept_payload(agent, tmp_path, cp, fakes)
+            d2 = DriverProcess(tmp_path, payload, "driver2", FAST, ("--handover",))
+            assert await d1.wait(timeout=30) == 0
+            status = await cp.wait_for_command_status(cid, timeout=120)
+            assert status["status"] == "completed", status
+            assert assert_whole_run(cp, "run-1")["epoch"] == 2
+            assert_once(cp, "run-1")
+            assert provider_pid(state) == pid
+            assert agent_loop_requests(fakes, agent) == asked
+        finally:
+            d1.close()
+            if d2 is not None:
+                d2.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_a_continued_acp_run_can_be_cancelled(tmp_path: Path, fakes: Fakes) -> None:
+    """The continued turn is cancelled natively (session/cancel to the same agent), not by a kill."""
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 20, timeout=90)
+            pid = provider_pid(state)
+            d = await kill_and_replace(d, cp, tmp_path, kept_payload(agent, tmp_path, cp, fakes), 0)
+            await cp.wait_for_event(INSTANCE, lambda e: e["run_id"] == "run-1" and e["epoch"] == 2, timeout=60)
+            await cp.send_command(INSTANCE, "turn.cancel", run_id="run-1", reason="test")
+            status = await cp.wait_for_command_status(cid, timeout=60)
+            assert status["status"] == "cancelled", status
+            term = check_run(cp, "run-1", terminal="run.cancelled")
+            assert term["payload"]["details"]["phase"] == "interrupt", term["payload"]["details"]
+            assert provider_pid(state) == pid
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:ok]]"})
+            assert (await cp.wait_for_command_status(cid2, timeout=90))["status"] == "completed"
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_without_a_grace_an_acp_run_ends_driver_restarted(tmp_path: Path, fakes: Fakes) -> None:
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes, grace_ms=0), env=FAST)
+        try:
+            started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is False
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 5, timeout=90)
+            assert kept.read_record(state) is None  # no keeper: the agent dies with its driver
+            d = await kill_and_replace(d, cp, tmp_path, kept_payload(agent, tmp_path, cp, fakes, grace_ms=0), 0)
+            term = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=60
+            )
+            assert term["payload"]["error"]["code"] == "driver.restarted"
+        finally:
+            d.close()
