@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -63,6 +64,7 @@ class AcpClient(Adapter):
         self._cost_total = 0.0  # the session's cumulative cost (ACP usage_update) after the last turn
         self.agent: m.InitializeResult | None = None
         self._agent_raw: Any = None  # the `initialize` answer as sent, for a reattached successor
+        self._argv_used: list[str] = []
         # PROTOCOL §8.2: what this process continues from a dead predecessor (None: it started the agent).
         self._continuing: acp_reattach.Continuation | None = None
         self._state_skip = 0  # state snapshots re-derived in a replay that the predecessor reported
@@ -142,18 +144,23 @@ class AcpClient(Adapter):
         env = self._env()
         argv = self._argv(env)
         name = f"acp:{Path(argv[0]).name}"
+        self._argv_used = argv
         # Under a keeper when reattach is on (PROTOCOL §8.2), or a dead predecessor's agent, attached.
-        proc, plan = await provider_process(argv, env=env, cwd=self._cwd, name=name, config=self.config, runtime="acp")
+        spawn = functools.partial(provider_process, argv, env=env, cwd=self._cwd, name=name, config=self.config)
+        proc, plan = await spawn(runtime="acp")
         self._proc = proc
         cont = None
         if plan is not None:
             cont = await anyio.to_thread.run_sync(acp_reattach.load, plan)
-            if cont is None:
-                self._proc = None
+            if cont is None or cont.argv != argv:
+                # Not this configuration's agent (or no session to continue): end it, start afresh;
+                # the run it had in flight ends driver.restarted (`resume` finds nothing to continue).
+                log.warning("acp.reattach_refused", reason="no session" if cont is None else "another agent command")
+                cont = None
                 await proc.terminate(grace=self.stop_grace)
-                raise ProviderError(
-                    "provider.start_failed", "the kept acp agent left no session to continue", retryable=True
-                )
+                proc, _ = await spawn(runtime="acp")  # the plan is taken: a fresh keeper
+                self._proc = proc
+                plan = None
         if self.config.execution.host_tools and cont is None:
             # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers. A
             # reattached agent keeps the dead driver's server address: host tools are not carried.
@@ -218,7 +225,12 @@ class AcpClient(Adapter):
         if isinstance(self._proc, KeptProcess) and self._session_id is not None:
             self._state_sent = self._state_skip = 0
             facts = acp_reattach.facts(
-                self._agent_raw, self._cost_total, self._state, self._instructions_pending, self._recovery_pending
+                self._argv_used,
+                self._agent_raw,
+                self._cost_total,
+                self._state,
+                self._instructions_pending,
+                self._recovery_pending,
             )
             self._proc.mark_turn(run_id, self._session_id, facts)
 

@@ -32,6 +32,7 @@ PROMPT = "session/prompt"
 
 
 def facts(
+    argv: list[str],
     agent: Any,
     cost_total: float,
     state: SessionState,
@@ -41,6 +42,7 @@ def facts(
     """The `extra` of a mark: all JSON values."""
     saved = state.export()
     return {
+        "argv": argv,  # a successor configured with another agent command does not attach to this one
         "agent": agent,
         "cost_before": cost_total,
         "state0": saved,  # the session state as the turn began: a replay starts from it
@@ -64,6 +66,7 @@ class Continuation:
     instructions: str
     recovery: list[tuple[str, str]]
     run_id: str | None  # the run to continue, else None (attached while idle)
+    argv: list[str] | None = None  # the agent command the predecessor ran
     prompt_ids: list[int] = field(default_factory=list)
     replies: dict[Any, dict[str, Any] | None] = field(default_factory=dict)
     # Set by the last adopted prompt's answer: how the predecessor's last prompt ended.
@@ -106,6 +109,7 @@ def load(plan: reattach.Plan) -> Continuation | None:
         instructions=instructions if isinstance(instructions, str) and not continuing else "",
         recovery=recovery if not continuing else [],
         run_id=plan.run_id,
+        argv=[str(a) for a in extra["argv"]] if isinstance(extra.get("argv"), list) else None,
     )
     if continuing:
         cont.prompt_ids = requests_since(plan.state_dir, turn.in_offset, PROMPT)

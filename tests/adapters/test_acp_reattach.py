@@ -172,11 +172,12 @@ def test_a_continuation_takes_what_the_predecessor_marked(tmp_path: Path) -> Non
     write_in_log(tmp_path, [{"jsonrpc": "2.0", "id": 6, "method": "session/prompt", "params": {}}])
     state = acp_state.SessionState()
     state.feed({"sessionUpdate": "current_mode_update", "currentModeId": "ask"})
-    extra = acp_reattach.facts(AGENT, 0.25, state, "be brief", [("user", "hi")])
+    extra = acp_reattach.facts(["agent", "--acp"], AGENT, 0.25, state, "be brief", [("user", "hi")])
     extra = json.loads(json.dumps(extra | {"state_sent": 2}))  # as read back from the file
     cont = acp_reattach.load(plan_of(tmp_path, "run-1", extra))
     assert cont is not None
     assert (cont.session_id, cont.run_id, cont.prompt_ids, cont.cost_before) == ("ses-1", "run-1", [6], 0.25)
+    assert cont.argv == ["agent", "--acp"]
     assert cont.agent.agent_capabilities.prompt_capabilities.image is True
     # Sent with the run's first prompt: not pending any more. Two snapshots were reported since the mark.
     assert (cont.instructions, cont.recovery, cont.state_sent) == ("", [], 2)

@@ -383,3 +383,33 @@ async def test_without_a_grace_an_acp_run_ends_driver_restarted(tmp_path: Path, 
             assert term["payload"]["error"]["code"] == "driver.restarted"
         finally:
             d.close()
+
+
+@pytest.mark.provider
+async def test_a_successor_with_another_agent_command_does_not_attach(tmp_path: Path, fakes: Fakes) -> None:
+    """The boot payload's agent command changed between the two processes: the kept agent is not this
+    configuration's, so it is ended, a new one started, and the run in flight ends driver.restarted."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        first = stubborn_payload(tmp_path, cp, fakes)
+        d = Driver(tmp_path, first, env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[slow]]"})
+            await wait_word(cp, "run-1", 10)
+            pid = provider_pid(state)
+            second = stubborn_payload(tmp_path, cp, fakes)
+            command = second["execution"]["acp"]["command"]
+            second["execution"]["acp"]["command"] = [command[0], "-X", "utf8", *command[1:]]
+            d = await kill_and_replace(d, cp, tmp_path, second, 0)
+            term = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=60
+            )
+            assert term["payload"]["error"]["code"] == "driver.restarted"
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:ok]]"})
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
+            assert not alive(pid), "the other configuration's agent was left running"
+            assert provider_pid(state) != pid
+        finally:
+            d.close()
+            kept.discard(state)
