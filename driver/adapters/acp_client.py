@@ -161,9 +161,10 @@ class AcpClient(Adapter):
                 proc, _ = await spawn(runtime="acp")  # the plan is taken: a fresh keeper
                 self._proc = proc
                 plan = None
-        if self.config.execution.host_tools and cont is None:
+        if self.config.execution.host_tools:
             # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers. A
-            # reattached agent keeps the dead driver's server address: host tools are not carried.
+            # reattached agent's open session keeps the dead driver's address (host tools are not
+            # carried); a session opened later (session.reset) is given this one.
             self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
             await self._host.start()
         self._peer = JsonRpcPeer(
