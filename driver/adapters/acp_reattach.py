@@ -40,13 +40,12 @@ def facts(
     recovery: list[tuple[str, str]],
 ) -> dict[str, Any]:
     """The `extra` of a mark: all JSON values."""
-    saved = state.export()
     return {
         "argv": argv,  # a successor configured with another agent command does not attach to this one
         "agent": agent,
         "cost_before": cost_total,
-        "state0": saved,  # the session state as the turn began: a replay starts from it
-        "state": saved,  # the latest reported (rewritten as it changes: an idle successor starts from it)
+        "state0": state.export(),  # the session state as the turn began: a replay starts from it
+        "state": state.export(),  # the latest reported (rewritten as it changes: an idle successor starts from it)
         "state_sent": 0,  # state snapshots reported since the mark, over every driver process
         "instructions": instructions,
         "recovery": [list(r) for r in recovery],

@@ -12,6 +12,7 @@ equal to the last one sent is not sent again.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 Emit = tuple[str, dict[str, Any]]
@@ -57,8 +58,9 @@ class SessionState:
         self._sent: dict[str, dict[str, Any]] = {}
 
     def export(self) -> dict[str, Any]:
-        """What a reattached successor restores (driver/adapters/acp_reattach.py): JSON values only."""
-        return {"modes": self._modes, "mode": self._mode, "sent": self._sent}
+        """What a reattached successor restores (driver/adapters/acp_reattach.py): JSON values only, and
+        a copy (it is kept while this state changes on)."""
+        return copy.deepcopy({"modes": self._modes, "mode": self._mode, "sent": self._sent})
 
     @classmethod
     def restore(cls, saved: Any) -> SessionState:

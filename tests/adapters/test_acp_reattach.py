@@ -157,6 +157,10 @@ def test_session_state_survives_its_export() -> None:
     assert restored.feed({"sessionUpdate": "available_commands_update", "availableCommands": [{"name": "x"}]}) == []
     assert restored.feed({"sessionUpdate": "current_mode_update", "currentModeId": "ask"})
     assert acp_state.SessionState.restore("not a dict").export() == acp_state.SessionState().export()
+    # An export is a copy: the state changing on does not change what was exported (turn.json's state0).
+    saved = state.export()
+    state.feed({"sessionUpdate": "available_commands_update", "availableCommands": [{"name": "y"}]})
+    assert saved["sent"]["session.commands.updated"]["commands"][0]["name"] == "x"
 
 
 AGENT = {"protocolVersion": 1, "agentCapabilities": {"promptCapabilities": {"image": True}}}

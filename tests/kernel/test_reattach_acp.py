@@ -112,6 +112,8 @@ async def test_driver_killed_mid_stream_the_acp_run_continues(
             assert status["status"] == "completed", status
             term = assert_whole_run(cp, "run-1")
             assert term["epoch"] == kills + 1
+            started = [e for e in cp.events(INSTANCE, run_id="run-1") if e["kind"] == "message.started"]
+            assert len(started) == 1 and started[0]["epoch"] == 1, started
             assert agent_loop_requests(fakes, agent) == asked, "the model was asked again"
             assert not [e for e in cp.events(INSTANCE) if e["kind"] == "run.failed"]
             assert_once(cp, "run-1")
@@ -410,6 +412,36 @@ async def test_a_successor_with_another_agent_command_does_not_attach(tmp_path: 
             assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
             assert not alive(pid), "the other configuration's agent was left running"
             assert provider_pid(state) != pid
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("kills", [1, 2])
+async def test_session_state_reported_before_the_kill_is_not_reported_again(
+    kills: int, tmp_path: Path, fakes: Fakes
+) -> None:
+    """A session state snapshot (not a run event: the kernel's gate does not see it) derived from the
+    turn's output before the kill is stored once, however many drivers re-read that output."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, stubborn_payload(tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            cid, _ = await cp.send_command(
+                INSTANCE, "input.start", run_id="run-1", input={"text": "[[mode:plan-x]] [[slow]]"}
+            )
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "session.mode.updated", timeout=60)
+            for n in range(kills):
+                await wait_word(cp, "run-1", 40 * (n + 1))
+                d = await kill_and_replace(d, cp, tmp_path, stubborn_payload(tmp_path, cp, fakes), n)
+            status = await cp.wait_for_command_status(cid, timeout=90)
+            assert status["status"] == "completed", status
+            modes = [e for e in cp.events(INSTANCE) if e["kind"] == "session.mode.updated"]
+            assert [(e["payload"]["current_mode_id"], e["epoch"]) for e in modes] == [("plan-x", 1)], modes
+            assert_whole_run(cp, "run-1")
+            assert_once(cp, "run-1")
         finally:
             d.close()
             kept.discard(state)
