@@ -44,7 +44,6 @@ from driver.telemetry import tracing
 log = logs.get(__name__)
 
 
-
 class AcpAdapter(AcpResumer):
     runtime: ClassVar[str] = "acp"
     # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from driver import keeper_state, kept
@@ -442,6 +443,35 @@ async def test_session_state_reported_before_the_kill_is_not_reported_again(
             assert [(e["payload"]["current_mode_id"], e["epoch"]) for e in modes] == [("plan-x", 1)], modes
             assert_whole_run(cp, "run-1")
             assert_once(cp, "run-1")
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_no_driver_within_the_grace_leaves_no_acp_agent(tmp_path: Path, fakes: Fakes) -> None:
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes, grace_ms=1500), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 5, timeout=90)
+            record = kept.read_record(state)
+            assert record is not None
+            pid = provider_pid(state)
+            d.kill()
+            t0 = time.monotonic()
+            with anyio.fail_after(15):
+                while alive(record.keeper_pid) or alive(pid):  # noqa: ASYNC110 (no event for another's exit)
+                    await anyio.sleep(0.05)
+            assert 1.0 < time.monotonic() - t0 < 10.0
+            d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes, grace_ms=1500), name="driver2", env=FAST)
+            term = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=60
+            )
+            assert term["payload"]["error"]["code"] == "driver.restarted"
         finally:
             d.close()
             kept.discard(state)
