@@ -25,7 +25,15 @@ from tests.kernel import runtimes
 from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver
 from tests.kernel.test_checkpoints import boot_payload
-from tests.kernel.test_reattach import FAST, alive, assert_whole_run, driver_key, provider_pid, wait_word
+from tests.kernel.test_reattach import (
+    FAST,
+    alive,
+    assert_whole_run,
+    driver_key,
+    provider_pid,
+    runtimes_slow_text,
+    wait_word,
+)
 
 __all__ = ["driver_key"]  # the autouse fixture: the keeper's files are read under the journal's key
 
@@ -472,6 +480,41 @@ async def test_no_driver_within_the_grace_leaves_no_acp_agent(tmp_path: Path, fa
                 INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=60
             )
             assert term["payload"]["error"]["code"] == "driver.restarted"
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_a_steer_to_the_continued_acp_run_is_its_follow_up(tmp_path: Path, fakes: Fakes) -> None:
+    """PROTOCOL §3.1 `follow_up` after a reattach: a steer the new driver takes while it continues the
+    run is held until the predecessor's prompt ends, then sent as one more prompt of the same run."""
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 20, timeout=90)
+            pid = provider_pid(state)
+            d = await kill_and_replace(d, cp, tmp_path, kept_payload(agent, tmp_path, cp, fakes), 0)
+            await cp.wait_for_event(INSTANCE, lambda e: e["run_id"] == "run-1" and e["epoch"] == 2, timeout=60)
+            steer, _ = await cp.send_command(
+                INSTANCE, "input.steer", run_id="run-1", input={"text": "[[say:steered after the reattach]]"}
+            )
+            assert (await cp.wait_for_command_status(steer, timeout=90))["status"] == "completed"
+            status = await cp.wait_for_command_status(cid, timeout=120)
+            assert status["status"] == "completed", status
+            term = check_run(cp, "run-1", terminal="run.completed")
+            assert term["payload"]["final_message_text"] == "steered after the reattach"
+            completed = [e for e in cp.events(INSTANCE, run_id="run-1") if e["kind"] == "message.completed"]
+            assert [e["payload"]["text"].strip() for e in completed] == [
+                runtimes_slow_text(),
+                "steered after the reattach",
+            ]
+            assert_once(cp, "run-1")
+            assert provider_pid(state) == pid
         finally:
             d.close()
             kept.discard(state)
