@@ -518,3 +518,39 @@ async def test_a_steer_to_the_continued_acp_run_is_its_follow_up(tmp_path: Path,
         finally:
             d.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_a_run_of_two_prompts_continues_from_its_first(tmp_path: Path, fakes: Fakes) -> None:
+    """Killed during a follow-up prompt the dead driver sent (a steer): the new driver adopts both
+    `session/prompt` ids from the input log, re-derives both turns, and ends the run at the second's
+    answer, each message stored once."""
+    agent = "acp:codex-acp"
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(agent, tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[slow:60]]"})
+            await wait_word(cp, "run-1", 5, timeout=90)
+            steer, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-1", input={"text": runtimes.SLOW})
+            assert (await cp.wait_for_command_status(steer, timeout=90))["status"] == "completed"
+            await wait_word(cp, "run-1", 100, timeout=90)  # the first prompt's reply ends at word59
+            pid = provider_pid(state)
+            asked = agent_loop_requests(fakes, agent)
+            d = await kill_and_replace(d, cp, tmp_path, kept_payload(agent, tmp_path, cp, fakes), 0)
+            status = await cp.wait_for_command_status(cid, timeout=120)
+            assert status["status"] == "completed", status
+            term = check_run(cp, "run-1", terminal="run.completed")
+            assert term["epoch"] == 2
+            assert term["payload"]["final_message_text"].strip() == runtimes_slow_text()
+            completed = [e for e in cp.events(INSTANCE, run_id="run-1") if e["kind"] == "message.completed"]
+            first = " ".join(f"word{i}" for i in range(60))
+            assert [e["payload"]["text"].strip() for e in completed] == [first, runtimes_slow_text()]
+            assert [e["epoch"] for e in completed] == [1, 2]
+            assert_once(cp, "run-1")
+            assert agent_loop_requests(fakes, agent) == asked
+            assert provider_pid(state) == pid
+        finally:
+            d.close()
+            kept.discard(state)
