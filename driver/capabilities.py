@@ -28,7 +28,7 @@ _STREAMS = frozenset(
 BY_RUNTIME: dict[str, frozenset[str]] = {
     "claude-agent-sdk": _STREAMS | {"host_tools", "file_change"},
     "openai-app-server": _STREAMS | {"host_tools", "file_change", "reattach"},
-    "acp": _STREAMS | {"host_tools", "file_change", "session_state"},
+    "acp": _STREAMS | {"host_tools", "file_change", "session_state", "reattach"},
 }
 
 

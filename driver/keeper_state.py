@@ -15,7 +15,7 @@ import hmac
 import json
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,9 @@ class Turn:
     thread_id: str
     offset: int
     in_offset: int = 0  # the input log's size when the turn was marked, just before its turn/start
+    # What else the adapter's successor needs, the adapter's own (ACP: its initialize answer, the
+    # session's cost and state before the turn: driver/adapters/acp_reattach.py).
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> Any:
@@ -92,7 +95,14 @@ def read_turn(state_dir: Path) -> Turn | None:
         raw = _read_json(keeper_dir(state_dir) / "turn.json")
         run_id = raw["run_id"]
         run = run_id if isinstance(run_id, str) else None
-        return Turn(run, str(raw["thread_id"]), int(raw["offset"]), int(raw.get("in_offset", 0)))
+        extra = raw.get("extra")
+        return Turn(
+            run,
+            str(raw["thread_id"]),
+            int(raw["offset"]),
+            int(raw.get("in_offset", 0)),
+            extra if isinstance(extra, dict) else {},
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -143,6 +153,57 @@ def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
         elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
             answered.add(msg["id"])
     return next_id, answered
+
+
+def _input_messages(state_dir: Path, offset: int, needle: bytes) -> list[dict[str, Any]]:
+    """The JSON objects the input log holds from `offset`, among its lines containing `needle`."""
+    out: list[dict[str, Any]] = []
+    try:
+        log_file = (keeper_dir(state_dir) / "in.log").open("rb")
+    except OSError:
+        return out
+    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
+        log_file.seek(offset)
+        for line in log_file:
+            if needle not in line:
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                out.append(msg)
+    return out
+
+
+def requests_since(state_dir: Path, offset: int, method: str) -> list[int]:
+    """The ids, in order, of the `method` requests a driver wrote to the provider from `offset` of
+    the input log on (ACP: the `session/prompt`s of the run in flight, whose answers end its turns)."""
+    needle = json.dumps(method).encode()
+    return [
+        msg["id"]
+        for msg in _input_messages(state_dir, offset, needle)
+        if msg.get("method") == method and isinstance(msg.get("id"), int) and not isinstance(msg["id"], bool)
+    ]
+
+
+def replies(state_dir: Path) -> dict[Any, dict[str, Any] | None]:
+    """How a driver answered the provider's requests, by request id: the result when it is an object
+    holding `outcome` (ACP: a permission's answer), `{}` for any other result, None for an error. Other
+    results are not kept (a file's content may be large, and is not needed again)."""
+    out: dict[Any, dict[str, Any] | None] = {}
+    for msg in _input_messages(state_dir, 0, b'"id"'):
+        rid = msg.get("id")
+        if "method" in msg or not isinstance(rid, int | str):
+            continue
+        result = msg.get("result")
+        if "error" in msg:
+            out[rid] = None
+        elif isinstance(result, dict) and "outcome" in result:
+            out[rid] = result
+        else:
+            out[rid] = {}
+    return out
 
 
 def _zombie(pid: int) -> bool:

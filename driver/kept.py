@@ -149,6 +149,8 @@ class KeptProcess:
         self._terminated = False
         self._detached = False
         self._bwrap: anyio.abc.Process | None = None
+        # The turn marked last (by this process, or the predecessor's when attached to continue it).
+        self.turn: Turn | None = None
         send, receive = anyio.create_memory_object_stream[bytes](64)
         self._out_send = send
         self.stdin: anyio.abc.ByteSendStream = _Stdin(self)
@@ -328,12 +330,29 @@ class KeptProcess:
         """Whether what is being read now was written after this driver attached."""
         return self.consumed > self.attach_end
 
-    def mark_turn(self, run_id: str | None, thread_id: str) -> None:
+    def mark_turn(self, run_id: str | None, thread_id: str, extra: dict[str, Any] | None = None) -> None:
         """Record the run in flight and the line boundary its turn's output starts after."""
-        _write_json(
-            keeper_dir(self.state_dir) / "turn.json",
-            {"run_id": run_id, "thread_id": thread_id, "offset": self.line_end, "in_offset": self.in_size},
-        )
+        self.turn = Turn(run_id, thread_id, self.line_end, self.in_size, dict(extra or {}))
+        self._write_turn(self.turn)
+
+    def update_turn(self, extra: dict[str, Any]) -> None:
+        """Rewrite the marked turn's adapter facts (`extra`, merged), its offsets as they were."""
+        turn = self.turn
+        if turn is None:
+            return
+        self.turn = Turn(turn.run_id, turn.thread_id, turn.offset, turn.in_offset, {**turn.extra, **extra})
+        self._write_turn(self.turn)
+
+    def _write_turn(self, turn: Turn) -> None:
+        value: dict[str, Any] = {
+            "run_id": turn.run_id,
+            "thread_id": turn.thread_id,
+            "offset": turn.offset,
+            "in_offset": turn.in_offset,
+        }
+        if turn.extra:
+            value["extra"] = turn.extra
+        _write_json(keeper_dir(self.state_dir) / "turn.json", value)
 
     def _add_stderr(self, data: bytes) -> None:
         text = self._partial + data.decode(errors="replace")

@@ -40,6 +40,7 @@ class Plan:
     answered: frozenset[Any]
     proc: kept.KeptProcess | None = None  # set by the adapter once attached
     attached: bool = False
+    turn: kept.Turn | None = None  # what the predecessor marked last (its adapter's `extra` included)
 
 
 _plans: dict[Path, Plan] = {}
@@ -75,6 +76,7 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
         turn.offset if run_id is not None else None,
         first_id,
         frozenset(answered),
+        turn=turn,
     )
     _plans[state_dir] = plan
     log.info("keeper.found", keeper_pid=record.keeper_pid, run_id=run_id, offset=plan.offset)

@@ -32,7 +32,7 @@ from driver.adapters import acp_fs, acp_permissions, acp_prompt, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_followup import FollowUp, FollowUps, deliver_all
 from driver.adapters.acp_followup import blocks_of as follow_up_blocks
-from driver.adapters.acp_opening import AcpSessionOpener
+from driver.adapters.acp_resume import CANCEL_RESEND_INTERVAL, CANCEL_RESENDS, AcpResumer
 from driver.adapters.acp_terminal import TerminalError
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import PermissionDecision, ProviderError, SteerRefused, TurnOutcome
@@ -43,15 +43,11 @@ from driver.telemetry import tracing
 
 log = logs.get(__name__)
 
-CANCEL_RESENDS = 3
-CANCEL_RESEND_INTERVAL = 1.0  # seconds; the kernel escalates to signals after 5 s
 
-
-class AcpAdapter(AcpSessionOpener):
+class AcpAdapter(AcpResumer):
     runtime: ClassVar[str] = "acp"
     # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["acp"]
-    _follow_ups: FollowUps | None = None  # the steers held for the running run (PROTOCOL §3.1)
 
     # ---- one turn ---------------------------------------------------------------------------
 
@@ -62,6 +58,14 @@ class AcpAdapter(AcpSessionOpener):
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
         prompt = self._prompt_blocks(run_input)  # first: an attachment it refuses changes nothing
         turn = AcpTurn(run_id, self._cost_total)
+        follow_ups = self._begin(turn)
+        self._mark(run_id)  # PROTOCOL §8.2: before the prompt is written
+        try:
+            return await self._prompts(turn, follow_ups, prompt, [])
+        finally:
+            self._end(turn, follow_ups)
+
+    def _begin(self, turn: AcpTurn) -> FollowUps:
         self._turn = turn
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
@@ -69,54 +73,66 @@ class AcpAdapter(AcpSessionOpener):
         self._terminal_streams.reset()
         follow_ups = FollowUps()
         self._follow_ups = follow_ups
-        batch: list[FollowUp] = []  # the steers the prompt now sent carries
-        try:
-            while True:
-                try:
-                    sent = functools.partial(deliver_all, batch) if batch else None
-                    raw = await self._prompt(prompt, sent)
-                except JsonRpcError as exc:
-                    await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
-                    if self._cancel_requested:
-                        return acp_prompt.outcome(turn, "cancelled")
-                    return TurnOutcome(
-                        status="failed",
-                        stop_reason="error",
-                        final_message_id=turn.final_message_id,
-                        final_message_text=turn.final_message_text,
-                        error_code="provider.error",
-                        error_message=f"session/prompt failed: {exc.message}",
-                        error_details={"code": exc.code},
-                    )
-                except ProviderError:
-                    await self._emit_all(turn.finish("failed"))
-                    raise
-                self._recovery_pending = []
-                self._instructions_pending = ""
-                result = self._decode(raw, m.PromptResult, "session/prompt")
-                if result.usage is not None:
-                    await self._emit_all(turn.prompt_usage(result.usage))
-                stop = "cancelled" if self._cancel_requested else result.stop_reason
-                if stop == "cancelled" and not self._cancel_requested and turn.declined:
-                    # codex-acp's only reject option ("abort") ends the whole turn as cancelled. Nobody
-                    # cancelled the run: it ended because the user said no, which is a normal end.
-                    stop = "permission_rejected"
-                await self._emit_all(turn.finish(stop))
-                # PROTOCOL §3.1 follow_up: steers held while this prompt ran make one more turn of
-                # the same run (none after a cancel: the cancel wins).
-                batch = follow_ups.take() if stop != "cancelled" else []
-                if not batch:
-                    return acp_prompt.outcome(turn, stop)
-                prompt = follow_up_blocks(batch)
-        finally:
-            ended = "cancelled" if self._cancel_requested else "run.not_active"
-            follow_ups.close(SteerRefused(ended, "the run ended before the input reached the agent"))
-            self._turn = None
-            self._cost_total = turn.cost_total
-            if turn.unknown_updates:
-                for variant, count in turn.unknown_updates.items():
-                    self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
-                log.info("acp.unknown_updates", counts=dict(turn.unknown_updates))
+        return follow_ups
+
+    async def _prompts(
+        self, turn: AcpTurn, follow_ups: FollowUps, prompt: list[dict[str, Any]], batch: list[FollowUp]
+    ) -> TurnOutcome:
+        """session/prompt until no steer is held (`batch`: the steers `prompt` carries)."""
+        while True:
+            try:
+                sent = functools.partial(deliver_all, batch) if batch else None
+                raw = await self._prompt(prompt, sent)
+            except JsonRpcError as exc:
+                await self._emit_all(turn.finish("cancelled" if self._cancel_requested else "failed"))
+                return self._refused(turn, exc)
+            except ProviderError:
+                await self._emit_all(turn.finish("failed"))
+                raise
+            self._recovery_pending = []
+            self._instructions_pending = ""
+            stop = await self._prompt_ended(turn, self._decode(raw, m.PromptResult, "session/prompt"))
+            # PROTOCOL §3.1 follow_up: steers held while this prompt ran make one more turn of
+            # the same run (none after a cancel: the cancel wins).
+            batch = follow_ups.take() if stop != "cancelled" else []
+            if not batch:
+                return acp_prompt.outcome(turn, stop)
+            prompt = follow_up_blocks(batch)
+
+    async def _prompt_ended(self, turn: AcpTurn, result: m.PromptResult) -> str:
+        """A prompt's answer: its usage, its stop reason; what is open is closed."""
+        if result.usage is not None:
+            await self._emit_all(turn.prompt_usage(result.usage))
+        stop = "cancelled" if self._cancel_requested else result.stop_reason
+        if stop == "cancelled" and not self._cancel_requested and turn.declined:
+            # codex-acp's only reject option ("abort") ends the whole turn as cancelled. Nobody
+            # cancelled the run: it ended because the user said no, which is a normal end.
+            stop = "permission_rejected"
+        await self._emit_all(turn.finish(stop))
+        return stop
+
+    def _refused(self, turn: AcpTurn, exc: JsonRpcError) -> TurnOutcome:
+        if self._cancel_requested:
+            return acp_prompt.outcome(turn, "cancelled")
+        return TurnOutcome(
+            status="failed",
+            stop_reason="error",
+            final_message_id=turn.final_message_id,
+            final_message_text=turn.final_message_text,
+            error_code="provider.error",
+            error_message=f"session/prompt failed: {exc.message}",
+            error_details={"code": exc.code},
+        )
+
+    def _end(self, turn: AcpTurn, follow_ups: FollowUps) -> None:
+        ended = "cancelled" if self._cancel_requested else "run.not_active"
+        follow_ups.close(SteerRefused(ended, "the run ended before the input reached the agent"))
+        self._turn = None
+        self._cost_total = turn.cost_total
+        if turn.unknown_updates:
+            for variant, count in turn.unknown_updates.items():
+                self.unknown_updates[variant] = self.unknown_updates.get(variant, 0) + count
+            log.info("acp.unknown_updates", counts=dict(turn.unknown_updates))
 
     async def steer(self, run_id: str, run_input: RunInput) -> None:
         """Mode `follow_up` (see driver/adapters/acp_followup.py): held until the current prompt ends."""
@@ -202,7 +218,7 @@ class AcpAdapter(AcpSessionOpener):
             return  # history replayed by session/load (its id is set once loaded), or another session's
         if note.update.get("sessionUpdate") in acp_state.STATE_UPDATES:
             # The session's mode, options and commands change between turns too: not run-scoped.
-            await self._emit_all(self._state.feed(note.update))
+            await self._emit_state(self._state.feed(note.update))
             return
         turn = self._turn
         if turn is None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +25,15 @@ import anyio
 import msgspec
 
 from driver import guard, logs
-from driver.adapters import acp_fs, acp_state
+from driver.adapters import acp_fs, acp_reattach, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalManager, TerminalStreams
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
 from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, ProviderError
-from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
-from driver.adapters.process import ProviderProcess
+from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed, RequestId
+from driver.adapters.keeping import AnyProcess, provider_process
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
+from driver.kept import KeptProcess
 from driver.ports.mcp_host import McpHostServer
 
 log = logs.get(__name__)
@@ -47,7 +50,7 @@ class AcpClient(Adapter):
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:
         super().__init__(config, ports)
-        self._proc: ProviderProcess | None = None
+        self._proc: AnyProcess | None = None
         self._peer: JsonRpcPeer | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._terminals: TerminalManager | None = None
@@ -60,6 +63,12 @@ class AcpClient(Adapter):
         self._terminal_streams = TerminalStreams(lambda: self._turn, self.ports)
         self._cost_total = 0.0  # the session's cumulative cost (ACP usage_update) after the last turn
         self.agent: m.InitializeResult | None = None
+        self._agent_raw: Any = None  # the `initialize` answer as sent, for a reattached successor
+        self._argv_used: list[str] = []
+        # PROTOCOL §8.2: what this process continues from a dead predecessor (None: it started the agent).
+        self._continuing: acp_reattach.Continuation | None = None
+        self._state_skip = 0  # state snapshots re-derived in a replay that the predecessor reported
+        self._state_sent = 0  # state snapshots reported since the last mark (any driver process's)
         self._turn: AcpTurn | None = None
         self._cancel_requested = False
         self._cancel_event = anyio.Event()
@@ -79,7 +88,12 @@ class AcpClient(Adapter):
         return self._session_id
 
     def process_group_ids(self) -> list[int]:
-        groups = [self._proc.pgid] if self._proc is not None and not self._proc.exited.is_set() else []
+        proc = self._proc
+        groups: list[int] = []
+        if isinstance(proc, KeptProcess) and not proc.exited.is_set():
+            groups = proc.group_ids()  # the keeper's namespace too: every process of the agent's tree
+        elif proc is not None and not proc.exited.is_set():
+            groups = [proc.pgid]
         if self._terminals is not None:
             groups.extend(self._terminals.process_group_ids())
         return groups
@@ -129,27 +143,60 @@ class AcpClient(Adapter):
     async def start(self) -> None:
         env = self._env()
         argv = self._argv(env)
+        name = f"acp:{Path(argv[0]).name}"
+        self._argv_used = argv
+        # Under a keeper when reattach is on (PROTOCOL §8.2), or a dead predecessor's agent, attached.
+        spawn = functools.partial(provider_process, argv, env=env, cwd=self._cwd, name=name, config=self.config)
+        proc, plan = await spawn(runtime="acp")
+        self._proc = proc
+        cont = None
+        if plan is not None:
+            cont = await anyio.to_thread.run_sync(acp_reattach.load, plan)
+            if cont is None or cont.argv != argv:
+                # Not this configuration's agent (or no session to continue): end it, start afresh;
+                # the run it had in flight ends driver.restarted (`resume` finds nothing to continue).
+                log.warning("acp.reattach_refused", reason="no session" if cont is None else "another agent command")
+                cont = None
+                await proc.terminate(grace=self.stop_grace)
+                proc, _ = await spawn(runtime="acp")  # the plan is taken: a fresh keeper
+                self._proc = proc
+                plan = None
         if self.config.execution.host_tools:
-            # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers.
+            # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers. A
+            # reattached agent's open session keeps the dead driver's address (host tools are not
+            # carried); a session opened later (session.reset) is given this one.
             self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
             await self._host.start()
-        proc = await ProviderProcess.spawn(argv, env=env, cwd=self._cwd, name=f"acp:{Path(argv[0]).name}")
-        self._proc = proc
         self._peer = JsonRpcPeer(
             proc.stdout,
             proc.stdin,
-            name=proc.name,
+            name=name,
             jsonrpc_version="2.0",
             on_request=self._on_request,
             on_notification=self._on_notification,
             on_violation=ProtocolDiagnostics(self.ports.emit, "the acp agent"),
             on_handler_error=guard.PortErrors(self.ports.emit, "the acp agent"),
+            first_id=plan.first_id if plan is not None else 0,
+            answered=plan.answered if plan is not None else frozenset(),
+            on_replayed=self._on_replayed if plan is not None else None,
         )
-        self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{proc.name}-rpc")
-        self._terminals = TerminalManager(env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output)
+        if cont is not None:
+            self._continue(cont)  # before the peer reads: the adopted answers may be in the log already
+        self._peer_task = asyncio.get_running_loop().create_task(self._peer.run(), name=f"{name}-rpc")
+        # The dead driver's terminals ended with it (contained like a provider, recorded for the next
+        # driver's sweep): a reattached one's ids are new, so an old id is unknown, never another's.
+        prefix = f"term-r{secrets.token_hex(3)}-" if cont is not None else "term-"
+        self._terminals = TerminalManager(
+            env=env, default_cwd=self._cwd, on_output=self._terminal_streams.output, id_prefix=prefix
+        )
+        if cont is not None:
+            log.info("acp.reattached", session_id=cont.session_id, run_id=cont.run_id, prompts=len(cont.prompt_ids))
+            await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": cont.session_id})
+            return
         try:
             with anyio.fail_after(self.start_timeout):
                 await self._open_session()
+            self._mark(None)
         except TimeoutError:
             await self.stop()
             raise ProviderError(
@@ -162,6 +209,58 @@ class AcpClient(Adapter):
             # A half-started agent is of no use to anyone: do not leave it running.
             await self.stop()
             raise
+
+    def _continue(self, cont: acp_reattach.Continuation) -> None:
+        """Take over a predecessor's initialized agent and open session (and its run in flight)."""
+        self._continuing = cont
+        self.agent, self._agent_raw = cont.agent, cont.agent_raw
+        self._session_id = cont.session_id
+        self._state = cont.state
+        self._cost_total = cont.cost_before
+        self._state_skip = self._state_sent = cont.state_sent
+        self._instructions_pending, self._recovery_pending = cont.instructions, cont.recovery
+
+    def _mark(self, run_id: str | None) -> None:
+        """Tell a keeper's successor which run is in flight, where its turn's output starts, and what
+        it needs of this session (driver/adapters/acp_reattach.py). Written before `session/prompt`."""
+        if isinstance(self._proc, KeptProcess) and self._session_id is not None:
+            self._state_sent = self._state_skip = 0
+            facts = acp_reattach.facts(
+                self._argv_used,
+                self._agent_raw,
+                self._cost_total,
+                self._state,
+                self._instructions_pending,
+                self._recovery_pending,
+            )
+            self._proc.mark_turn(run_id, self._session_id, facts)
+
+    async def _emit_state(self, events: list[acp_state.Emit]) -> None:
+        """Session state snapshots from the agent's updates. After a reattach, the first ones re-derived
+        from output the predecessor read were reported by it: they are not reported twice (the
+        snapshots are not run events, so the kernel's replay gate does not see them)."""
+        for kind, payload in events:
+            if self._state_skip > 0:
+                self._state_skip -= 1
+                continue
+            await self.ports.emit(kind, payload)
+            if isinstance(self._proc, KeptProcess):
+                # After the emit (journaled): a crash in between reports it twice, never not at all.
+                self._state_sent += 1
+                self._proc.update_turn({"state": self._state.export(), "state_sent": self._state_sent})
+
+    @abc.abstractmethod
+    async def _on_replayed(self, request_id: RequestId, method: str, params: Any) -> None:
+        """A request of the agent's that a predecessor answered, met again in the re-read output."""
+
+    def detach(self) -> bool:
+        proc = self._proc
+        if not isinstance(proc, KeptProcess):
+            return False
+        # Freeze, do not close: a closed stream would end the run in flight as a crash. What the keeper
+        # logs from now on is the successor's to read.
+        proc.detach()
+        return True
 
     @abc.abstractmethod
     async def _open_session(self) -> None:

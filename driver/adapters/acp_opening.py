@@ -27,6 +27,7 @@ class AcpSessionOpener(AcpClient):
             },
         )
         self.agent = self._decode(init, m.InitializeResult, "initialize")
+        self._agent_raw = init
         if self.agent.protocol_version != m.PROTOCOL_VERSION:
             # The agent answered with the version it speaks; we support only ours (ACP v1).
             raise ProviderError(
@@ -154,4 +155,5 @@ class AcpSessionOpener(AcpClient):
         previous = self._session_id
         current = await self._new_session()
         self._recovery_pending = []  # the discarded conversation is not replayed into the new one
+        self._mark(None)
         return previous, current

@@ -12,6 +12,7 @@ equal to the last one sent is not sent again.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 Emit = tuple[str, dict[str, Any]]
@@ -55,6 +56,22 @@ class SessionState:
         self._modes: list[dict[str, str]] = []
         self._mode: str | None = None
         self._sent: dict[str, dict[str, Any]] = {}
+
+    def export(self) -> dict[str, Any]:
+        """What a reattached successor restores (driver/adapters/acp_reattach.py): JSON values only, and
+        a copy (it is kept while this state changes on)."""
+        return copy.deepcopy({"modes": self._modes, "mode": self._mode, "sent": self._sent})
+
+    @classmethod
+    def restore(cls, saved: Any) -> SessionState:
+        state = cls()
+        if isinstance(saved, dict):
+            modes, mode, sent = saved.get("modes"), saved.get("mode"), saved.get("sent")
+            state._modes = [m for m in modes if isinstance(m, dict)] if isinstance(modes, list) else []
+            state._mode = mode if isinstance(mode, str) else None
+            if isinstance(sent, dict):
+                state._sent = {k: v for k, v in sent.items() if isinstance(k, str) and isinstance(v, dict)}
+        return state
 
     def _snapshot(self, kind: str, payload: dict[str, Any]) -> list[Emit]:
         if self._sent.get(kind) == payload:

@@ -119,9 +119,19 @@ class Terminal:
 
 
 class TerminalManager:
-    def __init__(self, *, env: Mapping[str, str], default_cwd: Path, on_output: OutputListener | None = None) -> None:
-        """`on_output(terminal_id, chunk)` is awaited with every chunk read (live output for events)."""
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str],
+        default_cwd: Path,
+        on_output: OutputListener | None = None,
+        id_prefix: str = "term-",
+    ) -> None:
+        """`on_output(terminal_id, chunk)` is awaited with every chunk read (live output for events).
+        `id_prefix`: a reattached driver's differs from its predecessor's, so a terminal id the agent
+        kept from the dead driver never names one of this driver's (PROTOCOL §8.2)."""
         self._on_output = on_output
+        self._id_prefix = id_prefix
         self._env = dict(env)
         self._default_cwd = default_cwd
         self._terminals: dict[str, Terminal] = {}
@@ -161,7 +171,7 @@ class TerminalManager:
         except OSError as exc:
             raise TerminalError(f"cannot start {command!r}: {exc.strerror or type(exc).__name__}") from None
         containment.started(process.pid)
-        terminal_id = f"term-{next(self._ids)}"
+        terminal_id = f"{self._id_prefix}{next(self._ids)}"
         self._terminals[terminal_id] = Terminal(terminal_id, process, limit, self._on_output)
         return terminal_id
 

@@ -39,6 +39,12 @@ ViolationHandler = Callable[[str], Awaitable[None]]
 NotificationHandler = Callable[[str, Any], Awaitable[None]]
 HandlerErrorHandler = Callable[[str, Exception], Awaitable[None]]  # (method, the handler's exception)
 RequestId = int | str
+# Told, inline in the read loop, of a request a predecessor already answered, met again in the output a
+# reattached driver re-reads (PROTOCOL §8.2): (id, method, params). It is not answered again.
+ReplayedHandler = Callable[[RequestId, str, Any], Awaitable[None]]
+# Told, inline in the read loop, of the answer to a predecessor's request this peer adopted: the
+# response message ({"result": ...} or {"error": ...}).
+AdoptedHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class JsonRpcError(Exception):
@@ -82,6 +88,7 @@ class JsonRpcPeer:
         on_handler_error: HandlerErrorHandler | None = None,
         first_id: int = 0,
         answered: frozenset[RequestId] = frozenset(),
+        on_replayed: ReplayedHandler | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -99,6 +106,8 @@ class JsonRpcPeer:
         self._next_id = first_id
         self._first_id = first_id
         self._answered = answered
+        self._on_replayed = on_replayed
+        self._adopted: dict[RequestId, AdoptedHandler] = {}
         self._pending: dict[RequestId, _Pending] = {}
         self._incoming: dict[RequestId, anyio.CancelScope] = {}
         self.closed = anyio.Event()
@@ -152,6 +161,12 @@ class JsonRpcPeer:
         if pending.error is not None:
             raise pending.error
         return pending.result
+
+    def adopt(self, request_id: RequestId, on_answer: AdoptedHandler) -> None:
+        """Take over a request a predecessor sent (its id below `first_id`): its answer, when read,
+        goes to `on_answer`, inline and in stream order (so what it derives keeps its place among the
+        notifications around it). Call before `run()` reads: the answer may already be in the log."""
+        self._adopted[request_id] = on_answer
 
     async def notify(self, method: str, params: Any = None) -> None:
         message = self._envelope() | {"method": method}
@@ -229,6 +244,8 @@ class JsonRpcPeer:
             if "id" in message and message["id"] is not None:
                 if _usable_id(message["id"]) and message["id"] in self._answered:
                     log.debug("jsonrpc.request_already_answered", peer=self.name, method=method)
+                    if self._on_replayed is not None:
+                        await self._replayed(message["id"], method, message.get("params"))
                     return
                 if not self._start_handler(message["id"], method, message.get("params"), tg):
                     await self._violation("a request whose id is neither a string nor an integer")
@@ -237,12 +254,30 @@ class JsonRpcPeer:
             else:
                 await self._handle_notification(method, message.get("params"))
         elif "id" in message and ("result" in message or "error" in message):
-            if not self._resolve(message):
+            adopted = self._adopted.pop(message["id"], None) if _usable_id(message["id"]) else None
+            if adopted is not None:
+                await self._adopted_answer(adopted, message)
+            elif not self._resolve(message):
                 await self._violation("a response to a request id that was never sent or already answered")
         else:
             self.invalid_lines += 1
             log.warning("jsonrpc.unroutable", peer=self.name, head=line[:200])
             await self._violation("a message that is neither a request, a notification nor a response")
+
+    async def _replayed(self, request_id: RequestId, method: str, params: Any) -> None:
+        assert self._on_replayed is not None
+        try:
+            await self._on_replayed(request_id, method, params)
+        except Exception as exc:
+            log.exception("jsonrpc.replayed_handler_failed", peer=self.name, method=method)
+            await self._handler_failed(method, exc)
+
+    async def _adopted_answer(self, handler: AdoptedHandler, message: dict[str, Any]) -> None:
+        try:
+            await handler(message)
+        except Exception as exc:
+            log.exception("jsonrpc.adopted_handler_failed", peer=self.name)
+            await self._handler_failed("(answer)", exc)
 
     async def _violation(self, what: str) -> None:
         if self._on_violation is None:

@@ -48,6 +48,7 @@ async def provider_process(
         else:
             plan.proc = proc
             plan.attached = True
+            proc.turn = plan.turn  # later marks keep the predecessor's offsets (KeptProcess.update_turn)
             log.info("keeper.attached", provider_pid=proc.pid, run_id=plan.run_id, offset=plan.offset)
             return proc, plan
     if await anyio.to_thread.run_sync(kept.supported):

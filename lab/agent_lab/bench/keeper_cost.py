@@ -1,6 +1,7 @@
 """The keeper's cost on the event path (PROTOCOL §8.2): Codex through the driver, with and without
 `reattach_grace_ms` (the provider under a keeper, its stdio relayed over a Unix socket and logged), in the
-same bench run, turns interleaved.
+same bench run, turns interleaved. `python -m agent_lab.bench.keeper_cost acp` measures the ACP agent
+codex-acp the same way.
 
 Per turn, clocked at the control plane from `input.start` on the wire: the first `message.delta` frame
 (time to first token) and the `message.completed` frame (a lossless event that follows the reply's last
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,7 +35,7 @@ Turn = Callable[[], Awaitable[tuple[float, float]]]
 
 
 @asynccontextmanager
-async def driven(tmp: Path, execution: dict[str, Any]) -> AsyncIterator[Turn]:
+async def driven(tmp: Path, execution: dict[str, Any], runtime: str = "openai-app-server") -> AsyncIterator[Turn]:
     from agent_lab.controlplane.server import ControlPlane
 
     tmp.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,10 @@ async def driven(tmp: Path, execution: dict[str, Any]) -> AsyncIterator[Turn]:
 
         cp._send_command = timed_send  # type: ignore[method-assign]
         boot = tmp / "boot.json"
-        boot.write_text(json.dumps(make_payload(tmp, cp.url, runtime="openai-app-server", **execution)))
+        if runtime == "acp":
+            execution = dict(execution)
+            execution["acp"] = _codex_acp(tmp, execution.pop("base_url"))
+        boot.write_text(json.dumps(make_payload(tmp, cp.url, runtime=runtime, **execution)))
         boot.chmod(0o600)
         proc = _spawn_driver(boot, tmp / "driver.stderr")
         turns = 0
@@ -87,7 +92,21 @@ async def driven(tmp: Path, execution: dict[str, Any]) -> AsyncIterator[Turn]:
                     proc.wait()
 
 
-async def _main() -> None:
+def _codex_acp(tmp: Path, base_url: str) -> dict[str, Any]:
+    """codex-acp (from node_modules) against the fake, as tests/kernel/runtimes.py runs it."""
+    from agent_lab.bench._common import ROOT
+    from agent_lab.testing import codex_acp
+
+    binary = codex_acp.binary(ROOT)
+    if binary is None:
+        raise SystemExit("codex-acp is not installed under node_modules")
+    state = tmp / "state"
+    (state / "tmp").mkdir(parents=True, exist_ok=True)  # codex-acp will not install its helper under TMPDIR
+    home = codex_acp.write_home(state / "codex-acp-home", base_url, "FAKE_OPENAI_API_KEY")
+    return {"command": [str(binary)], "env": {"CODEX_HOME": str(home), "TMPDIR": str(state / "tmp")}}
+
+
+async def _main(runtime: str) -> None:
     from agent_lab.testing.fake_responses import FakeResponses
     from driver import logs
 
@@ -95,10 +114,12 @@ async def _main() -> None:
     results: dict[str, list[tuple[float, float]]] = {"direct": [], "kept": []}
     with tempfile.TemporaryDirectory(prefix="bench-keeper-") as tmp_s, FakeResponses() as fake:
         tmp = Path(tmp_s)
-        base = _codex_execution(fake.base_url)
+        base: dict[str, Any] = _codex_execution(fake.base_url)
+        if runtime == "acp":
+            base = {"environment": {"FAKE_OPENAI_API_KEY": "sk-bench-fake"}, "base_url": fake.base_url}
         async with (
-            driven(tmp / "direct", base) as direct,
-            driven(tmp / "kept", {**base, "reattach_grace_ms": 30_000}) as kept,
+            driven(tmp / "direct", dict(base), runtime) as direct,
+            driven(tmp / "kept", {**base, "reattach_grace_ms": 30_000}, runtime) as kept,
         ):
             await direct()  # warm-up turns
             await kept()
@@ -114,15 +135,19 @@ async def _main() -> None:
         rows.append(
             [label, len(ttft), percentile(ttft, 50), percentile(ttft, 99), percentile(done, 50), percentile(done, 99)]
         )
+    who = "codex-acp (ACP)" if runtime == "acp" else "Codex"
     table(
-        "Codex through the driver, with and without the keeper (ms from input.start on the wire)",
+        f"{who} through the driver, with and without the keeper (ms from input.start on the wire)",
         ["provider", "turns", "first token p50", "first token p99", "message.completed p50", "message.completed p99"],
         rows,
     )
 
 
 def main() -> None:
-    anyio.run(_main)
+    runtime = sys.argv[1] if len(sys.argv) > 1 else "openai-app-server"
+    if runtime not in ("openai-app-server", "acp"):
+        raise SystemExit(f"unknown runtime {runtime!r}: openai-app-server or acp")
+    anyio.run(_main, runtime)
 
 
 if __name__ == "__main__":

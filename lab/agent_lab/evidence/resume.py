@@ -197,10 +197,7 @@ async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
     grace = 30_000
     d = await seed(rig, runtime, s.box, s.word, reattach_grace_ms=grace)
     await in_flight(rig, s.instance)
-    from driver import kept
-
-    record = kept.read_record(s.box.state_dir)
-    provider = kept._children(record.keeper_pid) if record is not None else []
+    provider = kept_provider(rig, s)
     asked = len(rig.fakes.requests(runtime))
     d.kill_driver_only()
     t0 = time.monotonic()
@@ -209,8 +206,7 @@ async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
     reattach_ms = round((time.monotonic() - t0) * 1000)
     term = await rig.terminal(s.instance, "run-hit", timeout=90)
     asked_again = len(rig.fakes.requests(runtime)) - asked
-    record2 = kept.read_record(s.box.state_dir)
-    same = bool(provider) and record2 is not None and kept._children(record2.keeper_pid) == provider
+    same = bool(provider) and kept_provider(rig, s) == provider
     after = await after_turn(rig, runtime, s.instance, s.word)
     m = _measure(rig, s, s.instance, after, s.box, set())
     from agent_lab.testing.script import SLOW_TEXT
@@ -222,6 +218,21 @@ async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
     return _case(
         s.case, m, "SIGKILL of the driver process alone mid-stream with reattach_grace_ms; a new one reattaches"
     )
+
+
+def kept_provider(rig: Rig, s: Story) -> list[int]:
+    """The pid of the provider the instance's keeper holds (empty when none is recorded and alive).
+    The keeper's record is authenticated under the journal's key (docs/protocol.md, the keeper): it
+    is read here as the driver reads it, under the key the driver derives from its token."""
+    from driver import keeper_state, kept
+    from driver.queue.rowmac import UNKEYED, RowMac, derive_key
+
+    keeper_state.use_mac(RowMac(derive_key(rig.token, s.instance)))
+    try:
+        record = kept.read_record(s.box.state_dir)
+        return kept._children(record.keeper_pid) if record is not None and record.alive() else []
+    finally:
+        keeper_state.use_mac(UNKEYED)
 
 
 def _hello2(rig: Rig) -> float:

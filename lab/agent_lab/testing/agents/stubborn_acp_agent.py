@@ -22,6 +22,7 @@ for an agent that has no model:
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
+- `[[mode:ID]]`: a `current_mode_update` to mode ID at the turn's start (combines with the others);
 - `[[perm]]`: announce a tool call, ask `session/request_permission`, reply with the chosen option kind;
 - `[[perm-unannounced]]`: the same without announcing the tool call first;
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
@@ -274,6 +275,10 @@ def term(session_id: str, command: str) -> str:
     content = [{"type": "terminal", "terminalId": tid}]
     update(session_id, {"sessionUpdate": "tool_call", **tool, "content": content})
     waited = call("terminal/wait_for_exit", {"sessionId": session_id, "terminalId": tid})
+    if "error" in waited:  # e.g. the terminal is gone with the driver that ran it (PROTOCOL §8.2)
+        failed = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "failed"}
+        update(session_id, failed)
+        return "terminal error: " + error_text(waited)
     code = waited["result"].get("exitCode")
     done = {"sessionUpdate": "tool_call_update", "toolCallId": tool["toolCallId"], "status": "completed"}
     update(session_id, {**done, "rawOutput": {"exit_code": code}})
@@ -299,6 +304,9 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
             pass
         send({"id": rid, "result": {"stopReason": "cancelled"}})
         return
+    if m := re.search(r"\[\[mode:([\w-]+)\]\]", text):
+        # The session's mode changes mid-turn, as the agent's own doing (a session state update).
+        update(session_id, {"sessionUpdate": "current_mode_update", "currentModeId": m.group(1)})
     if "[[think]]" in text:
         chunk(session_id, "Thinking about it.", "agent_thought_chunk")
     reply = "Hello from the stubborn agent."
