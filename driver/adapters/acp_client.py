@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from driver import guard, logs
-from driver.adapters import acp_fs, acp_reattach, acp_state
+from driver.adapters import acp_fs, acp_reattach, acp_state, host_server
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalManager, TerminalStreams
 from driver.adapters.acp_turn import FILE_TOUCHED, AcpTurn, Emit
@@ -163,10 +163,11 @@ class AcpClient(Adapter):
                 plan = None
         if self.config.execution.host_tools:
             # The `host` MCP server: loopback HTTP, bearer token passed in the session's MCP headers. A
-            # reattached agent's open session keeps the dead driver's address (host tools are not
-            # carried); a session opened later (session.reset) is given this one.
-            self._host = McpHostServer(self.config.execution.host_tools, self.ports.host_tools)
-            await self._host.start()
+            # reattached agent's open session keeps calling the dead driver's address with its token:
+            # they are served again (driver/adapters/host_server.py).
+            self._host = await host_server.start(self.config, self.ports.host_tools)
+        if plan is None and isinstance(proc, KeptProcess):
+            host_server.remember(Path(self.config.session.state_dir), self._host)
         self._peer = JsonRpcPeer(
             proc.stdout,
             proc.stdin,

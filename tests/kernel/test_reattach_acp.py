@@ -152,16 +152,14 @@ async def test_an_acp_permission_pending_across_the_kill_is_answered(agent: str,
             pid = provider_pid(state)
             before = conversations(fakes, agent)
             d = await kill_and_replace(d, cp, tmp_path, kept_payload(agent, tmp_path, cp, fakes), 0)
-            # The request the dead driver never answered is asked again, by the new process.
-            again = await cp.wait_for_event(
-                INSTANCE, lambda e: e["kind"] == "permission.requested" and e["epoch"] == 2, timeout=60
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started" and e["epoch"] == 2, timeout=90)
+            # The request the dead driver never answered keeps its request_id: the CP answers the one
+            # it saw, and the new process announces nothing twice (driver/queue/asked.py).
+            allow = next(o["option_id"] for o in first["payload"]["options"] if o["kind"] == "allow_once")
+            resolve, _ = await cp.send_command(
+                INSTANCE, "permission.resolve", request_id=first["payload"]["request_id"], option_id=allow
             )
-            assert again["run_id"] == "run-1"
-            assert again["payload"]["tool_call_id"] == first["payload"]["tool_call_id"]
-            allow = next(o["option_id"] for o in again["payload"]["options"] if o["kind"] == "allow_once")
-            await cp.send_command(
-                INSTANCE, "permission.resolve", request_id=again["payload"]["request_id"], option_id=allow
-            )
+            assert (await cp.wait_for_command_status(resolve, timeout=60))["status"] == "completed"
             status = await cp.wait_for_command_status(cid, timeout=120)
             assert status["status"] == "completed", status
             assert (tmp_path / "cwd" / "notes.txt").read_text().strip() == "hello", "the approved write did not run"
@@ -173,6 +171,59 @@ async def test_an_acp_permission_pending_across_the_kill_is_answered(agent: str,
             # After the kill the model is asked on (the tool's result), never the same thing again.
             after = conversations(fakes, agent)[len(before) :]
             assert after and not set(after) & set(before), "the model was asked again"
+            requested = [e["payload"]["request_id"] for e in cp.events(INSTANCE, "permission.requested")]
+            assert requested == [first["payload"]["request_id"]], "a request was announced twice"
+            decided = [
+                (e["payload"]["request_id"], e["payload"]["outcome"])
+                for e in cp.events(INSTANCE, "permission.resolved")
+            ]
+            assert decided == [(requested[0], "allowed")]
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_the_continued_acp_session_calls_host_tools_at_the_address_it_was_given(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """claude-agent-acp's open session keeps the host MCP server's URL and token of its session/new: the
+    new driver serves them (driver/adapters/host_server.py), so a host tool called after the reattach
+    reaches the CP."""
+    agent = "acp:claude-agent-acp"
+    state = tmp_path / "state"
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    def payload() -> dict[str, Any]:
+        p = kept_payload(agent, tmp_path, cp, fakes)
+        p["execution"]["host_tools"] = [{"name": "lookup", "description": "Look a thing up", "input_schema": schema}]
+        p["execution"]["permission_policy"] = "full_access"
+        return p
+
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, payload(), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            await wait_word(cp, "run-1", 40, timeout=90)
+            pid = provider_pid(state)
+            d = await kill_and_replace(d, cp, tmp_path, payload(), 0)
+            assert (await cp.wait_for_command_status(cid, timeout=120))["status"] == "completed"
+            text = '[[tool:mcp__host__lookup:{"q": "teal"}]]'
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": text})
+            called = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "host_tool.called", timeout=90)
+            assert called["epoch"] == 2 and called["payload"]["name"] == "lookup"
+            await cp.send_command(
+                INSTANCE,
+                "host_tool.result",
+                call_id=called["payload"]["call_id"],
+                content=[{"type": "text", "text": "teal is a colour"}],
+                is_error=False,
+            )
+            assert (await cp.wait_for_command_status(cid2, timeout=120))["status"] == "completed"
+            resolved = [e["payload"] for e in cp.events(INSTANCE, "host_tool.resolved")]
+            assert resolved == [{"call_id": called["payload"]["call_id"], "outcome": "completed"}]
+            assert provider_pid(state) == pid
         finally:
             d.close()
             kept.discard(state)
