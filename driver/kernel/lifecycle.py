@@ -50,6 +50,20 @@ class Lifecycle:
             if (run_id, command_id) == resumed:
                 k.spawn(keep.resume_run, k, run_id, command_id)  # PROTOCOL §8.2: the run continues
                 continue
+            # Its permission requests still open die with it: each is resolved before the terminal, so
+            # the CP is never left holding a request nobody will answer (driver/queue/asked.py).
+            for request in await anyio.to_thread.run_sync(journal.asked_permissions, run_id):
+                if request.outcome is None:
+                    await k.runs.emit_for_run(
+                        run_id,
+                        "permission.resolved",
+                        {
+                            "request_id": request.request_id,
+                            "outcome": "cancelled",
+                            "option_id": None,
+                            "decided_by": "cancel",
+                        },
+                    )
             event_id = await k.runs.emit_for_run(
                 run_id,
                 "run.failed",

@@ -265,6 +265,43 @@ async def test_without_a_grace_the_run_ends_driver_restarted(tmp_path: Path, fak
             kept.discard(state)
 
 
+@pytest.mark.provider
+async def test_without_a_grace_a_pending_permission_is_resolved_before_driver_restarted(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """The run dies with its driver, and so does the request it had open: the next process resolves it
+    `cancelled` before the run's driver.restarted, so the CP is never left holding it."""
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes, grace_ms=0), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            text = runtimes.PERMISSION[RUNTIME]
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
+            asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=60)
+            d.kill()
+            d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes, grace_ms=0), name="driver2", env=FAST)
+            term = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-1", timeout=30
+            )
+            assert term["payload"]["error"]["code"] == "driver.restarted"
+            ends = [(e["payload"], e["seq"]) for e in cp.events(INSTANCE, "permission.resolved")]
+            assert [p for p, _ in ends] == [
+                {
+                    "request_id": asked["payload"]["request_id"],
+                    "outcome": "cancelled",
+                    "option_id": None,
+                    "decided_by": "cancel",
+                }
+            ]
+            assert (
+                ends[0][1] < term["seq"]
+                and ends[0][0]
+                and cp.events(INSTANCE, "permission.resolved")[0]["run_id"] == "run-1"
+            )
+        finally:
+            d.close()
+
+
 def test_keeper_is_stdlib_only() -> None:
     """`python -I keeper.py` imports nothing of the driver's or a third party's."""
     source = Path(kept.KEEPER_PY).read_text()
