@@ -828,10 +828,6 @@ async def test_real_full_access_never_asks(agent: AgentFactory, tmp_path: Path) 
     assert [p["status"] for p in h.events.of("tool.completed")] == ["completed"]
 
 
-# codex-acp offers the host MCP tools directly (a `mcp__host` namespace in the request's tools), while
-# the fake Responses endpoint only knows Codex app-server's deferred path (tool_search first) and
-# answers "mcp tool host/echo not found"; so this runs against claude-agent-acp until the fake learns
-# the direct path.
 @pytest.mark.provider
 @pytest.mark.parametrize("agent", ["claude-agent-acp"], indirect=True)
 async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, tmp_path: Path) -> None:
@@ -844,6 +840,23 @@ async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, t
     await h.adapter.start()
     out = await h.run('[[tool:mcp__host__echo:{"text": "hi"}]]')
     assert out.status == "completed" and out.final_message_text == "tool done"
+    assert h.host_tools.calls == [("echo", {"text": "hi"})]
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("agent", ["codex-acp"], indirect=True)
+async def test_real_host_tool_offered_directly_by_codex_acp(agent: AgentFactory, tmp_path: Path) -> None:
+    """codex-acp offers the host MCP tools in the request's tools (an `mcp__host` namespace), with no
+    tool search first: the call still reaches the host-tools port and its answer the model."""
+    echo = HostTool(
+        name="echo",
+        description="Echo the text back",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    )
+    h = agent(tmp_path, host_tools=[echo], permissions=ScriptedPermissions(allow_first))
+    await h.adapter.start()
+    out = await h.run('[[mcp:host:echo:{"text": "hi"}]]')
+    assert out.status == "completed" and out.final_message_text.startswith("mcp done"), out
     assert h.host_tools.calls == [("echo", {"text": "hi"})]
 
 

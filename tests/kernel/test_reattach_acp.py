@@ -183,14 +183,21 @@ async def test_an_acp_permission_pending_across_the_kill_is_answered(agent: str,
             kept.discard(state)
 
 
+# How each agent's fake model is told to call the host tool `lookup`.
+HOST_CALL = {
+    "acp:codex-acp": '[[mcp:host:lookup:{"q": "teal"}]]',
+    "acp:claude-agent-acp": '[[tool:mcp__host__lookup:{"q": "teal"}]]',
+}
+
+
 @pytest.mark.provider
+@pytest.mark.parametrize("agent", AGENTS)
 async def test_the_continued_acp_session_calls_host_tools_at_the_address_it_was_given(
-    tmp_path: Path, fakes: Fakes
+    agent: str, tmp_path: Path, fakes: Fakes
 ) -> None:
-    """claude-agent-acp's open session keeps the host MCP server's URL and token of its session/new: the
-    new driver serves them (driver/adapters/host_server.py), so a host tool called after the reattach
+    """The agent's open session keeps the host MCP server's URL and token of its session/new: the new
+    driver serves them (driver/adapters/host_server.py), so a host tool called after the reattach
     reaches the CP."""
-    agent = "acp:claude-agent-acp"
     state = tmp_path / "state"
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 
@@ -209,8 +216,7 @@ async def test_the_continued_acp_session_calls_host_tools_at_the_address_it_was_
             pid = provider_pid(state)
             d = await kill_and_replace(d, cp, tmp_path, payload(), 0)
             assert (await cp.wait_for_command_status(cid, timeout=120))["status"] == "completed"
-            text = '[[tool:mcp__host__lookup:{"q": "teal"}]]'
-            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": text})
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": HOST_CALL[agent]})
             called = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "host_tool.called", timeout=90)
             assert called["epoch"] == 2 and called["payload"]["name"] == "lookup"
             await cp.send_command(

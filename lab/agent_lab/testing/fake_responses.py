@@ -163,21 +163,28 @@ def plan_reply(body: dict[str, Any]) -> Reply:
     if verb == "say":
         return Reply((*lead, Step("message", arg)))
     if verb == "mcp":
-        return Reply((*lead, _mcp_step(arg, after)))
+        return Reply((*lead, _mcp_step(arg, after, body.get("tools"))))
     if answered:
         return Reply((*lead, Step("message", f"{verb} done")))
     return Reply((*lead, Step("tool", tool=verb, arg=arg)))
 
 
-def _mcp_step(arg: str, after: list[dict[str, Any]]) -> Step:
-    """`[[mcp:SERVER:TOOL:JSON_ARGS]]`: call an MCP tool. Codex defers MCP tools behind its
-    `tool_search` tool, so the exchange is: search -> call the tool the search exposed -> report."""
+def _mcp_step(arg: str, after: list[dict[str, Any]], offered: Any = None) -> Step:
+    """`[[mcp:SERVER:TOOL:JSON_ARGS]]`: call an MCP tool. Codex app-server defers MCP tools behind its
+    `tool_search` tool, so the exchange is: search -> call the tool the search exposed -> report.
+    codex-acp offers them in the request's tools directly (an `mcp__SERVER` namespace): then the
+    tool is called at once."""
     server, _, rest = arg.partition(":")
     tool, _, raw_args = rest.partition(":")
     outputs = [i for i in after if i.get("type") == "function_call_output"]
     if outputs:
         return Step("message", f"mcp done: {_output_text(outputs[-1].get('output'))}")
     searched = [i for i in after if i.get("type") == "tool_search_output"]
+    direct = _find_function(offered, f"mcp__{server}", tool) if not searched else None
+    if direct is not None:
+        name, namespace = direct
+        call = {"name": name, "namespace": namespace, "arguments": raw_args or "{}"}
+        return Step("tool", tool="function", arg=json.dumps(call))
     if searched:
         found = _find_function(searched[-1].get("tools"), server, tool)
         if found is None:
