@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from agent_lab.testing.fake_responses import DEFAULT_TEXT, FakeResponses
+from agent_lab.testing.fake_responses import FakeResponses
 from agent_lab.testing.ports import (
     EchoHostTools,
     RecordingEvents,
@@ -24,6 +24,7 @@ from agent_lab.testing.ports import (
     recording_ports,
     reject_first,
 )
+from agent_lab.testing.script import DEFAULT_TEXT
 
 from driver.adapters.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
 from driver.adapters.codex import CodexAdapter, codex_binary

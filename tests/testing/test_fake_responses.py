@@ -9,13 +9,9 @@ from typing import Any
 
 import openai
 import pytest
-from agent_lab.testing.fake_responses import (
-    DEFAULT_TEXT,
-    ERROR_MESSAGE,
-    FakeResponses,
-    add_file_patch,
-    plan_reply,
-)
+from agent_lab.testing.fake_responses import FakeResponses
+from agent_lab.testing.responses_plan import add_file_patch, plan_reply
+from agent_lab.testing.script import DEFAULT_TEXT, ERROR_MESSAGE
 
 PATCH_TOOL = {"type": "custom", "name": "apply_patch", "format": {"type": "text"}}
 EXEC_TOOL = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}}
