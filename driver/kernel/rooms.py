@@ -35,6 +35,7 @@ def assemble(k: Kernel) -> None:
         timeout_ms=ex.permission_timeout_ms,
         id_prefix=f"prm-{k.epoch}",
         on_pending_change=k.permission_pending_changed,
+        durable=k.outbox.flush,
     )
     k.host_tools = HostToolBroker(
         k.emit,

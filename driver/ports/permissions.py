@@ -60,6 +60,7 @@ class PermissionBroker:
         timeout_ms: int,
         id_prefix: str,
         on_pending_change: Callable[[int], None] = lambda n: None,
+        durable: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._emit = emit
@@ -69,6 +70,7 @@ class PermissionBroker:
         self._prefix = id_prefix
         self._pending: dict[str, _Pending] = {}
         self._on_change = on_pending_change
+        self._durable = durable
         self.rejected_tool_calls: set[str] = set()
         self._carried: dict[str, _Carried] = {}  # request_id → a predecessor's request (reattach)
 
@@ -165,6 +167,11 @@ class PermissionBroker:
         if decision.outcome != "allowed":
             self.rejected_tool_calls.add(request.tool_call_id)
         await self._announce(request_id, pending, decision.outcome, decision.option_id, pending.decided_by)
+        if self._durable is not None:
+            # The decision is journaled before the provider hears it: a successor that finds the answer
+            # in the keeper's input log finds the decision too (PROTOCOL §8.2), never a request it
+            # would have to call cancelled. One group commit, against a human's answer.
+            await self._durable()
         return decision
 
     async def _announce(
