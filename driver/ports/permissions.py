@@ -229,8 +229,8 @@ class PermissionBroker:
 
     async def release_carried(self) -> None:
         """The continued run ends (PROTOCOL §8.2): a predecessor's request the re-read output never met
-        again is resolved `cancelled` (or as the CP decided it), so the CP is never left waiting on it.
-        Called before the run's terminal, which no run event may follow."""
+        again (the provider withdrew it, or the run ended first) is resolved `cancelled`, so the CP is
+        never left waiting on it. Called before the run's terminal, which no run event may follow."""
         carried, self._carried = self._carried, {}
         for c in carried.values():
             if c.asked.outcome is not None:
