@@ -337,6 +337,8 @@ async def test_processes_die_with_a_sigkilled_driver(mode: str, tmp_path: Path, 
         drivers.append(d)
         await cp.wait_connected(INSTANCE, timeout=20)
         await start_process(cp, "shell", argv=["sh"], pty={"cols": 80, "rows": 24})
+        # Its prompt is stored before the kill (a loaded machine can take a while to start the shell).
+        await cp.wait_until(lambda: screen(cp, "shell")[0] != "", 20)
         # A part that leaves every group and session (setsid), then says "up" through the FIFO.
         script = f"setsid sleep 309.5 & echo up > {up}; exec sleep 310.5"
         await start_process(cp, "server", argv=["sh", "-c", script])
