@@ -2,7 +2,7 @@
 
 `KeptProcess` has the surface the adapters use from `driver.adapters.process.ProviderProcess` (stdin
 send stream, stdout receive stream, pid/pgid, `exited`, `wait`, `signal_group`, `terminate`,
-`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (and through it the provider)
+`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper_launch.py; and through it the provider)
 in a PID namespace of its own that does not die with this driver; `attach()` connects a new driver
 process to a keeper a dead one left, and streams the provider's output from an offset of the log.
 
@@ -17,22 +17,18 @@ import collections
 import contextlib
 import json
 import os
-import secrets
 import signal
-import socket
 import struct
-import sys
 from collections.abc import Mapping
 from pathlib import Path
-from subprocess import DEVNULL, PIPE
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from driver import containment, logs
-from driver.adapters.base import ProviderError
+from driver import keeper_launch, logs
+from driver.keeper_launch import CONNECT_TIMEOUT_S, KEEPER_PY, supported
 from driver.keeper_state import (
     Record,
     Turn,
@@ -49,6 +45,7 @@ from driver.keeper_state import (
 log = logs.get(__name__)
 
 __all__ = [
+    "KEEPER_PY",
     "KeeperError",
     "KeptProcess",
     "Record",
@@ -63,26 +60,11 @@ __all__ = [
 ]
 
 HEADER = struct.Struct(">BI")
-KEEPER_PY = Path(__file__).with_name("keeper.py")
-CONNECT_TIMEOUT_S = 10.0
 _MAX_TAIL_LINES = 200
 
 
 class KeeperError(Exception):
     """The keeper cannot be reached, refused us, or is not the one recorded."""
-
-
-def supported() -> bool:
-    """Reattach needs the PID namespace: its pid 1 (the keeper) ends every process in it."""
-    return containment.mode_of(containment.prefix()) == "pidns"
-
-
-def keeper_prefix() -> list[str]:
-    """The containment's bwrap command, not tied to this driver: without --die-with-parent, and with
-    the keeper (instead of the shell that relays to the provider) as the namespace's pid 1."""
-    base = containment.prefix()
-    cut = base.index("--")
-    return [a for a in base[:cut] if a != "--die-with-parent"] + ["--", sys.executable, "-I", str(KEEPER_PY)]
 
 
 class _Stdin(anyio.abc.ByteSendStream):
@@ -175,73 +157,12 @@ class KeptProcess:
         grace_ms: int,
         log_max_bytes: int = 512 * 1024 * 1024,
     ) -> KeptProcess:
-        if not Path(cwd).is_dir():
-            raise ProviderError("provider.missing", f"working directory {cwd} not found")
-        folder = keeper_dir(state_dir)
-        discard(state_dir)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        sock_path = folder / "sock"
-        with contextlib.suppress(OSError):
-            sock_path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_fd = in_fd = -1
-        try:
-            listener.bind(str(sock_path))
-            os.chmod(sock_path, 0o600)
-            listener.listen(4)
-            flags = os.O_CREAT | os.O_TRUNC | os.O_RDWR | os.O_APPEND
-            out_fd = os.open(folder / "out.log", flags, 0o600)
-            in_fd = os.open(folder / "in.log", flags, 0o600)
-            fds = (listener.fileno(), out_fd, in_fd)
-            for fd in fds:
-                os.set_inheritable(fd, True)
-            prefix = await anyio.to_thread.run_sync(keeper_prefix)
-            bwrap = await anyio.open_process(
-                prefix,
-                stdin=PIPE,
-                stdout=DEVNULL,
-                stderr=DEVNULL,
-                cwd=str(cwd),
-                env={"PATH": os.environ.get("PATH", os.defpath)},
-                start_new_session=True,
-                pass_fds=fds,
-            )
-        finally:
-            listener.close()
-            for fd in (out_fd, in_fd):
-                if fd >= 0:
-                    os.close(fd)
-        secret = secrets.token_hex(32)
-        config = {
-            "secret": secret,
-            "argv": argv,
-            "env": dict(env),
-            "cwd": str(cwd),
-            "grace_ms": grace_ms,
-            "log_max_bytes": log_max_bytes,
-            "listen_fd": fds[0],
-            "out_fd": fds[1],
-            "in_fd": fds[2],
-        }
-        assert bwrap.stdin is not None
-        await bwrap.stdin.send(json.dumps(config).encode())
-        await bwrap.stdin.aclose()
-        keeper_pid = 0
-        with anyio.move_on_after(CONNECT_TIMEOUT_S):
-            # No event says when bwrap has forked its pid 1: look in /proc (a few ms).
-            while not (kids := _children(bwrap.pid)) and bwrap.returncode is None:  # noqa: ASYNC110
-                await anyio.sleep(0.005)
-            keeper_pid = kids[0] if kids else 0
-        start = containment.start_time(keeper_pid) if keeper_pid else None
-        if start is None:
-            with contextlib.suppress(ProcessLookupError):
-                bwrap.kill()
-            raise ProviderError("provider.start_failed", "the keeper did not start", retryable=True)
-        record = Record(bwrap.pid, keeper_pid, start, secret, runtime)
-        _write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
+        bwrap, record = await keeper_launch.launch(
+            argv, env=env, cwd=cwd, state_dir=state_dir, runtime=runtime, grace_ms=grace_ms, log_max_bytes=log_max_bytes
+        )
         self = await cls.attach(state_dir, record, offset=0)
         self._bwrap = bwrap
-        log.info("keeper.started", keeper_pid=keeper_pid, provider_pid=self.pid)
+        log.info("keeper.started", keeper_pid=record.keeper_pid, provider_pid=self.pid)
         return self
 
     @classmethod

@@ -1,0 +1,117 @@
+"""Starting a keeper (driver/keeper.py, PROTOCOL §8.2): its files and socket under
+`state_dir/driver/keeper/`, the bwrap command that makes it pid 1 of a PID namespace not tied to this
+driver, its configuration on stdin (never argv or the environment), and its record. Talking to the
+started keeper is `driver.kept.KeptProcess`'s job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from subprocess import DEVNULL, PIPE
+
+import anyio
+import anyio.abc
+
+from driver import containment
+from driver.adapters.base import ProviderError
+from driver.keeper_state import Record, _children, _write_json, discard, keeper_dir
+
+KEEPER_PY = Path(__file__).with_name("keeper.py")
+CONNECT_TIMEOUT_S = 10.0
+
+
+def supported() -> bool:
+    """Reattach needs the PID namespace: its pid 1 (the keeper) ends every process in it."""
+    return containment.mode_of(containment.prefix()) == "pidns"
+
+
+def keeper_prefix() -> list[str]:
+    """The containment's bwrap command, not tied to this driver: without --die-with-parent, and with
+    the keeper (instead of the shell that relays to the provider) as the namespace's pid 1."""
+    base = containment.prefix()
+    cut = base.index("--")
+    return [a for a in base[:cut] if a != "--die-with-parent"] + ["--", sys.executable, "-I", str(KEEPER_PY)]
+
+
+async def launch(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | Path,
+    state_dir: Path,
+    runtime: str,
+    grace_ms: int,
+    log_max_bytes: int,
+) -> tuple[anyio.abc.Process, Record]:
+    """Start a keeper holding `argv` and record it; the bwrap process and the record, for `attach`."""
+    if not Path(cwd).is_dir():
+        raise ProviderError("provider.missing", f"working directory {cwd} not found")
+    folder = keeper_dir(state_dir)
+    discard(state_dir)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sock_path = folder / "sock"
+    with contextlib.suppress(OSError):
+        sock_path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    out_fd = in_fd = -1
+    try:
+        listener.bind(str(sock_path))
+        os.chmod(sock_path, 0o600)
+        listener.listen(4)
+        flags = os.O_CREAT | os.O_TRUNC | os.O_RDWR | os.O_APPEND
+        out_fd = os.open(folder / "out.log", flags, 0o600)
+        in_fd = os.open(folder / "in.log", flags, 0o600)
+        fds = (listener.fileno(), out_fd, in_fd)
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        prefix = await anyio.to_thread.run_sync(keeper_prefix)
+        bwrap = await anyio.open_process(
+            prefix,
+            stdin=PIPE,
+            stdout=DEVNULL,
+            stderr=DEVNULL,
+            cwd=str(cwd),
+            env={"PATH": os.environ.get("PATH", os.defpath)},
+            start_new_session=True,
+            pass_fds=fds,
+        )
+    finally:
+        listener.close()
+        for fd in (out_fd, in_fd):
+            if fd >= 0:
+                os.close(fd)
+    secret = secrets.token_hex(32)
+    config = {
+        "secret": secret,
+        "argv": argv,
+        "env": dict(env),
+        "cwd": str(cwd),
+        "grace_ms": grace_ms,
+        "log_max_bytes": log_max_bytes,
+        "listen_fd": fds[0],
+        "out_fd": fds[1],
+        "in_fd": fds[2],
+    }
+    assert bwrap.stdin is not None
+    await bwrap.stdin.send(json.dumps(config).encode())
+    await bwrap.stdin.aclose()
+    keeper_pid = 0
+    with anyio.move_on_after(CONNECT_TIMEOUT_S):
+        # No event says when bwrap has forked its pid 1: look in /proc (a few ms).
+        while not (kids := _children(bwrap.pid)) and bwrap.returncode is None:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        keeper_pid = kids[0] if kids else 0
+    start = containment.start_time(keeper_pid) if keeper_pid else None
+    if start is None:
+        with contextlib.suppress(ProcessLookupError):
+            bwrap.kill()
+        raise ProviderError("provider.start_failed", "the keeper did not start", retryable=True)
+    record = Record(bwrap.pid, keeper_pid, start, secret, runtime)
+    _write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
+    return bwrap, record
