@@ -2,8 +2,9 @@
 
 `KeptProcess` has the surface the adapters use from `driver.adapters.process.ProviderProcess` (stdin
 send stream, stdout receive stream, pid/pgid, `exited`, `wait`, `signal_group`, `terminate`,
-`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper_launch.py; and through it the provider)
-in a PID namespace of its own that does not die with this driver; `attach()` connects a new driver
+`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper_launch.py)
+and through it the provider, in a PID namespace of its own that does not die with this driver;
+`attach()` connects a new driver
 process to a keeper a dead one left, and streams the provider's output from an offset of the log.
 
 Files, all under `state_dir/driver/keeper/` (hidden from the provider tree, §9): `sock`, `out.log`,
