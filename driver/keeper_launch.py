@@ -20,7 +20,7 @@ import anyio.abc
 
 from driver import containment
 from driver.adapters.base import ProviderError
-from driver.keeper_state import Record, _children, _write_json, discard, keeper_dir
+from driver.keeper_state import Record, _children, _write_json, discard, keeper_dir, socket_address
 
 KEEPER_PY = Path(__file__).with_name("keeper.py")
 CONNECT_TIMEOUT_S = 10.0
@@ -61,7 +61,8 @@ async def launch(
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     out_fd = in_fd = -1
     try:
-        listener.bind(str(sock_path))
+        with socket_address(state_dir) as address:
+            listener.bind(address)
         os.chmod(sock_path, 0o600)
         listener.listen(4)
         flags = os.O_CREAT | os.O_TRUNC | os.O_RDWR | os.O_APPEND

@@ -15,6 +15,7 @@ import hmac
 import json
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,27 @@ def _mac_of(name: str, body: bytes) -> str:
 
 def keeper_dir(state_dir: Path) -> Path:
     return state_dir / "driver" / "keeper"
+
+
+# sun_path holds 108 bytes with its NUL; bind() and connect() fail "AF_UNIX path too long" past it.
+_SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def socket_address(state_dir: Path) -> Iterator[str]:
+    """The keeper's socket path as bind() and connect() take it, valid inside the block. A deep
+    `state_dir` (a control plane's mktemp tree) passes sun_path's limit, so a longer path is reached
+    through an O_PATH descriptor of its folder: `/proc/self/fd/N/sock` names the same file in under 30
+    bytes, and keeps the socket where §9 hides it."""
+    path = keeper_dir(state_dir) / "sock"
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/sock"
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from driver.keeper_state import (
     keeper_dir,
     read_record,
     read_turn,
+    socket_address,
     stdin_facts,
 )
 
@@ -173,7 +174,8 @@ class KeptProcess:
             raise KeeperError("the recorded keeper is not running")
         try:
             with anyio.fail_after(CONNECT_TIMEOUT_S):
-                stream = await anyio.connect_unix(str(keeper_dir(state_dir) / "sock"))
+                with socket_address(state_dir) as address:
+                    stream = await anyio.connect_unix(address)
                 reader = BufferedByteReceiveStream(stream)
                 await stream.send(HEADER.pack(ord("A"), 32) + bytes.fromhex(record.secret))
                 kind, payload = await _read_frame(reader)

@@ -299,3 +299,23 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
         keeper_state.use_mac(keeper_state.UNKEYED)
         sleeper.kill()
         sleeper.wait()
+
+
+async def test_a_state_dir_past_the_socket_path_limit_still_keeps_and_attaches(tmp_path: Path) -> None:
+    # A control plane's mktemp tree can make state_dir/driver/keeper/sock longer than sun_path's 107 bytes.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    assert len(os.fsencode(kept.keeper_dir(deep) / "sock")) > 107
+    p = await spawn(deep)
+    try:
+        await p.stdin.send(b"one\n")
+        assert await read_until(p, b"got:one\n") == b"got:one\n"
+        assert (kept.keeper_dir(deep) / "sock").is_socket()  # where §9 hides it, not elsewhere
+        record = kept.read_record(deep)
+        assert record is not None
+        q = await KeptProcess.attach(deep, record, offset=0)
+        assert await read_until(q, b"got:one\n") == b"got:one\n"
+        assert q.pid == p.pid
+        await q.terminate()
+    finally:
+        kept.discard(deep)

@@ -310,6 +310,17 @@ CASES: list[tuple[str, str, Callable[[Rig, str, Story], Awaitable[Case]]]] = [
 ]
 
 
+def last_error(rig: Rig, instance: str) -> str:
+    """The driver's last error diagnostic, said with a case that could not finish: a bare timeout
+    names what was waited for, not why it never came."""
+    errors = [
+        e["payload"]
+        for e in rig.cp.events(instance, kinds=["diagnostic.reported"])
+        if e["payload"].get("severity") == "error" and e["payload"].get("code") != "driver.log"
+    ]
+    return f"; the driver last reported {errors[-1]['code']}: {errors[-1]['message']}" if errors else ""
+
+
 async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
     claim = Claim("resume", runtime)
     for n, (name, kind, fn) in enumerate(CASES):
@@ -320,7 +331,8 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
         try:
             claim.cases.append(await fn(rig, runtime, story))
         except Exception as exc:  # a case that could not finish is a failed case, with why
-            claim.cases.append(Case(name, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ") + last_error(rig, instance)
+            claim.cases.append(Case(name, "failed", {}, why[:300]))
         finally:
             for d in list(rig.drivers):
                 await d.stop()
