@@ -52,7 +52,14 @@ async def provider_process(
             log.info("keeper.attached", provider_pid=proc.pid, run_id=plan.run_id, offset=plan.offset)
             return proc, plan
     if await anyio.to_thread.run_sync(kept.supported):
-        proc = await KeptProcess.spawn(argv, env=env, cwd=cwd, state_dir=root, runtime=runtime, grace_ms=grace)
-        host_server.remember(root, host)
-        return proc, None
+        try:
+            proc = await KeptProcess.spawn(argv, env=env, cwd=cwd, state_dir=root, runtime=runtime, grace_ms=grace)
+        except (OSError, KeeperError) as exc:
+            # The keeper is what failed, not the provider: the run goes on unkept (a driver restart then
+            # ends it driver.restarted, as without a grace) rather than every input failing.
+            log.warning("keeper.unavailable", error=f"{type(exc).__name__}: {exc}")
+            await anyio.to_thread.run_sync(kept.discard, root)
+        else:
+            host_server.remember(root, host)
+            return proc, None
     return await ProviderProcess.spawn(argv, env=env, cwd=cwd, name=name), None
