@@ -20,7 +20,7 @@ import anyio.abc
 
 from driver import containment
 from driver.adapters.base import ProviderError
-from driver.keeper_state import Record, _children, _write_json, discard, keeper_dir, socket_address
+from driver.keeper_state import KeeperError, Record, _children, _write_json, discard, keeper_dir, socket_address
 
 KEEPER_PY = Path(__file__).with_name("keeper.py")
 CONNECT_TIMEOUT_S = 10.0
@@ -112,7 +112,7 @@ async def launch(
     if start is None:
         with contextlib.suppress(ProcessLookupError):
             bwrap.kill()
-        raise ProviderError("provider.start_failed", "the keeper did not start", retryable=True)
+        raise KeeperError("the keeper did not start")
     record = Record(bwrap.pid, keeper_pid, start, secret, runtime)
     _write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
     return bwrap, record

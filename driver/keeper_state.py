@@ -36,6 +36,10 @@ def _mac_of(name: str, body: bytes) -> str:
     return _mac.of("keeper", name, body).hex()
 
 
+class KeeperError(Exception):
+    """The keeper cannot be started or reached, refused us, or is not the one recorded."""
+
+
 def keeper_dir(state_dir: Path) -> Path:
     return state_dir / "driver" / "keeper"
 

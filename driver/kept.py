@@ -31,6 +31,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from driver import keeper_launch, logs
 from driver.keeper_launch import CONNECT_TIMEOUT_S, KEEPER_PY, supported
 from driver.keeper_state import (
+    KeeperError,
     Record,
     Turn,
     _children,
@@ -63,10 +64,6 @@ __all__ = [
 
 HEADER = struct.Struct(">BI")
 _MAX_TAIL_LINES = 200
-
-
-class KeeperError(Exception):
-    """The keeper cannot be reached, refused us, or is not the one recorded."""
 
 
 class _Stdin(anyio.abc.ByteSendStream):
