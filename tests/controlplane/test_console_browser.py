@@ -141,12 +141,21 @@ def _permission_step(console: Console, text: str, allow: bool, name: str) -> tup
     tool_call_id = request.get_attribute("data-tool-call-id")
     assert "s left" in request.find_element("css selector", ".time-left").text
     console.shot(f"{name}-asked")
+    request_id = request.get_attribute("data-request-id")
     request.find_element("css selector", ".allow" if allow else ".deny").click()
+
+    def resolve_commands() -> list[dict[str, Any]]:
+        commands = console.cp.api(f"/api/instances/{INSTANCE}/commands")["commands"]
+        return [c for c in commands if c["kind"] == "permission.resolve" and c["body"]["request_id"] == request_id]
+
+    # The click reached the CP as this request's permission.resolve (the page's notice says why if not).
+    console.wait(lambda _: resolve_commands(), "the click's permission.resolve", timeout=30)
     status = "completed" if allow else "declined"
     console.one(f'.tool[data-tool-call-id="{tool_call_id}"][data-status="{status}"]')
     console.terminal(run_id)
     outcome = request.get_attribute("data-outcome")
-    assert outcome == ("allowed" if allow else "rejected")
+    notice = console.one("#notice").text
+    assert outcome == ("allowed" if allow else "rejected"), (resolve_commands(), notice)
     console.shot(f"{name}-{status}")
     return run_id, str(tool_call_id)
 
