@@ -23,6 +23,10 @@ from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver
 
 FAST = {"AGENT_DRIVER_RESTART_BACKOFF_MS": "20", "AGENT_DRIVER_RESTART_BACKOFF_CAP_MS": "100"}
+# The reply a run that must end whole streams: 160 chunks x 50 ms = 8 s, killed in at word40 and word80
+# with seconds to spare, without waiting out the 20 s `[[slow]]` in every test.
+REPLY_CHUNKS = 160
+LONG = f"[[slow:{REPLY_CHUNKS}]]"
 RUNTIME = "openai-app-server"
 
 
@@ -82,9 +86,10 @@ def assert_whole_run(cp: Any, run_id: str) -> dict[str, Any]:
 
 
 def runtimes_slow_text() -> str:
-    from agent_lab.testing.script import SLOW_TEXT
+    """The text of the `LONG` reply."""
+    from agent_lab.testing.script import slow_text
 
-    return SLOW_TEXT
+    return slow_text(REPLY_CHUNKS)
 
 
 @pytest.mark.provider
@@ -96,7 +101,7 @@ async def test_driver_killed_mid_stream_the_run_continues(kills: int, tmp_path: 
         try:
             started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
             assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is True
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             pid = None
             for n in range(kills):
                 await wait_word(cp, "run-1", 40 * (n + 1))
@@ -184,7 +189,7 @@ async def test_the_continued_codex_calls_host_tools_at_the_address_it_was_given(
         d = Driver(tmp_path, payload(), env=FAST)
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             await wait_word(cp, "run-1", 40)
             pid = provider_pid(state)
             d.kill()
@@ -322,7 +327,7 @@ async def test_handover_mid_stream_loses_nothing(tmp_path: Path, fakes: Fakes) -
         d2: Driver | None = None
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             await wait_word(cp, "run-1", 40)
             pid = provider_pid(state)
             asked = model_requests(fakes)

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_lab.testing.script import SLOW_TEXT
 
 from driver import keeper_state, kept
 from tests.faults.history import check_instance, check_run
@@ -27,6 +28,7 @@ from tests.kernel.support import Driver
 from tests.kernel.test_checkpoints import boot_payload
 from tests.kernel.test_reattach import (
     FAST,
+    LONG,
     alive,
     assert_whole_run,
     driver_key,
@@ -101,7 +103,7 @@ async def test_driver_killed_mid_stream_the_acp_run_continues(
         try:
             started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
             assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is True
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             pid = None
             asked = 0
             for n in range(kills):
@@ -211,7 +213,7 @@ async def test_the_continued_acp_session_calls_host_tools_at_the_address_it_was_
         d = Driver(tmp_path, payload(), env=FAST)
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             await wait_word(cp, "run-1", 40, timeout=90)
             pid = provider_pid(state)
             d = await kill_and_replace(d, cp, tmp_path, payload(), 0)
@@ -254,7 +256,7 @@ async def test_an_answered_permission_is_not_asked_again(answer: str, tmp_path: 
         d = Driver(tmp_path, stubborn_payload(tmp_path, cp, fakes), env=FAST)
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
-            text = "[[perm]] [[slow]]"
+            text = f"[[perm]] {LONG}"
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
             asked = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "permission.requested", timeout=60)
             option = next(o["option_id"] for o in asked["payload"]["options"] if o["kind"] == answer)
@@ -287,7 +289,7 @@ async def test_an_answered_file_write_is_not_done_again(tmp_path: Path, fakes: F
         d = Driver(tmp_path, stubborn_payload(tmp_path, cp, fakes), env=FAST)
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
-            text = "[[write:notes.txt:hello]] [[slow]]"
+            text = f"[[write:notes.txt:hello]] {LONG}"
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
             await wait_word(cp, "run-1", 40)
             target = tmp_path / "cwd" / "notes.txt"
@@ -385,7 +387,7 @@ async def test_an_acp_handover_mid_stream_loses_nothing(tmp_path: Path, fakes: F
         d2: DriverProcess | None = None
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
-            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": runtimes.SLOW})
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
             await wait_word(cp, "run-1", 40, timeout=90)
             pid = provider_pid(state)
             asked = agent_loop_requests(fakes, agent)
@@ -496,7 +498,7 @@ async def test_session_state_reported_before_the_kill_is_not_reported_again(
         try:
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
             cid, _ = await cp.send_command(
-                INSTANCE, "input.start", run_id="run-1", input={"text": "[[mode:plan-x]] [[slow]]"}
+                INSTANCE, "input.start", run_id="run-1", input={"text": f"[[mode:plan-x]] {LONG}"}
             )
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "session.mode.updated", timeout=60)
             for n in range(kills):
@@ -566,10 +568,8 @@ async def test_a_steer_to_the_continued_acp_run_is_its_follow_up(tmp_path: Path,
             term = check_run(cp, "run-1", terminal="run.completed")
             assert term["payload"]["final_message_text"] == "steered after the reattach"
             completed = [e for e in cp.events(INSTANCE, run_id="run-1") if e["kind"] == "message.completed"]
-            assert [e["payload"]["text"].strip() for e in completed] == [
-                runtimes_slow_text(),
-                "steered after the reattach",
-            ]
+            # The whole 20 s `[[slow]]`: the steer must reach the new driver while the first prompt runs.
+            assert [e["payload"]["text"].strip() for e in completed] == [SLOW_TEXT, "steered after the reattach"]
             assert_once(cp, "run-1")
             assert provider_pid(state) == pid
         finally:
@@ -590,7 +590,7 @@ async def test_a_run_of_two_prompts_continues_from_its_first(tmp_path: Path, fak
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[slow:60]]"})
             await wait_word(cp, "run-1", 5, timeout=90)
-            steer, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-1", input={"text": runtimes.SLOW})
+            steer, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-1", input={"text": LONG})
             assert (await cp.wait_for_command_status(steer, timeout=90))["status"] == "completed"
             await wait_word(cp, "run-1", 100, timeout=90)  # the first prompt's reply ends at word59
             pid = provider_pid(state)

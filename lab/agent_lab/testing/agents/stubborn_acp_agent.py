@@ -20,6 +20,7 @@ for an agent that has no model:
 - `[[term:CMD]]`: run CMD in a terminal that a tool call embeds while it runs (live output);
 - `[[echo]]`: reply with the text blocks of the prompt, one per line, then `[type] uri` of the others;
 - `[[slow]]`: many small chunks, 50 ms apart, for about 20 s (a cancel target);
+  `[[slow:N]]`: N such chunks (`word0` to `wordN-1`, as the fake model endpoints stream them);
 - `[[hang]]`: say nothing and never answer (until cancelled, in the modes that honour a cancel);
 - `[[think]]`: an `agent_thought_chunk` before the reply;
 - `[[mode:ID]]`: a `current_mode_update` to mode ID at the turn's start (combines with the others);
@@ -346,9 +347,10 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         huge_line()
     elif m := re.search(r"\[\[term:(.*?)\]\]", text, re.S):
         reply = term(session_id, m.group(1))
-    if "[[slow]]" in text:
-        long = "".join(f"word{i} " for i in range(400))
-        finished = stream(session_id, long, 400, 0.05)
+    if slow := re.search(r"\[\[slow(?::(\d{1,4}))?\]\]", text):
+        chunks = max(1, int(slow.group(1))) if slow.group(1) else 400
+        long = "".join(f"word{i} " for i in range(chunks))
+        finished = stream(session_id, long, chunks, 0.05)
     else:
         finished = stream(session_id, reply, 3, 0.0)
     cancelled = not finished or (_cancelled[session_id].is_set() and not IGNORES_CANCEL)
