@@ -137,6 +137,38 @@ async def test_driver_killed_mid_stream_the_run_continues(kills: int, tmp_path: 
 
 
 @pytest.mark.provider
+async def test_a_driver_killed_while_it_reattaches_is_reattached_by_the_next(tmp_path: Path, fakes: Fakes) -> None:
+    """The second process dies as soon as it has connected, in the middle of its own reattach: the
+    third finds the same keeper and what the second journaled, and the run still ends whole, once."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": LONG})
+            await wait_word(cp, "run-1", 40)
+            pid = provider_pid(state)
+            asked = model_requests(fakes)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), name="driver2", env=FAST)
+            await cp.wait_connected(INSTANCE, timeout=30)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            assert alive(pid), "the provider died with the second driver"
+            d = Driver(tmp_path, kept_payload(tmp_path, cp, fakes), name="driver3", env=FAST)
+            status = await cp.wait_for_command_status(cid, timeout=90)
+            assert status["status"] == "completed", status
+            assert assert_whole_run(cp, "run-1")["epoch"] == 3
+            assert provider_pid(state) == pid
+            assert model_requests(fakes) == asked, "the model was asked again"
+            check_instance(cp)
+        finally:
+            d.close()
+            kept.discard(state)
+
+
+@pytest.mark.provider
 async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, fakes: Fakes) -> None:
     """The request the dead driver announced keeps its request_id: the CP answers the request it saw,
     the new process announces nothing twice, and the approved command runs in the same provider."""
