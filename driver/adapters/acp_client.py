@@ -346,7 +346,13 @@ class AcpClient(Adapter):
             log.warning("acp.call_refused", method=method, code=exc.code, error=exc.message)
             return REFUSED
 
-    async def _call(self, method: str, params: dict[str, Any], on_sent: Callable[[], None] | None = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        params: dict[str, Any],
+        on_sent: Callable[[], None] | None = None,
+        on_answer: Callable[[Any], None] | None = None,
+    ) -> Any:
         """A request to the agent that fails with `provider.crashed` if the agent dies first.
 
         Races the answer against the process exit: an agent whose stdout stays open (held by a
@@ -360,7 +366,7 @@ class AcpClient(Adapter):
 
             async def ask() -> None:
                 try:
-                    answer["result"] = await peer.request(method, params, on_sent=on_sent)
+                    answer["result"] = await peer.request(method, params, on_sent=on_sent, on_answer=on_answer)
                 except (JsonRpcError, PeerClosed) as exc:
                     answer["error"] = exc
                 tg.cancel_scope.cancel()

@@ -72,15 +72,28 @@ class AcpSessionOpener(AcpClient):
                 self._warned.add(warning)
                 await self._config_warning(warning)
 
+    def _claim_session(self, session_id: Any) -> None:
+        """The session is the agent's from its answer on: called inline as the answer is read, so the
+        updates the agent sends right after it (claude-agent-acp's slash commands) are not taken for
+        another session's while the opener has not resumed yet."""
+        if isinstance(session_id, str) and session_id != self._session_id:
+            self._session_id = session_id
+            self._state = acp_state.SessionState()
+            self._cost_total = 0.0
+
     async def _new_session(self) -> str:
         params = self._session_params()
+
+        def claim(raw: Any) -> None:
+            self._claim_session(raw.get("sessionId") if isinstance(raw, dict) else None)
+
         try:
-            raw = await self._call("session/new", params)
+            raw = await self._call("session/new", params, on_answer=claim)
         except JsonRpcError as exc:
             if exc.code != m.AUTH_REQUIRED:
                 raise ProviderError("provider.start_failed", f"session/new failed: {exc.message}") from None
             await self._authenticate()
-            raw = await self._call("session/new", params)
+            raw = await self._call("session/new", params, on_answer=claim)
         result = self._decode(raw, m.NewSessionResult, "session/new")
         if "systemPrompt" not in params:
             self._instructions_pending = acp_session.instruction_text(
@@ -93,7 +106,11 @@ class AcpSessionOpener(AcpClient):
     async def _load_session(self, session_id: str) -> bool:
         # Updates replaying the history arrive before the answer; with no turn active they are dropped.
         try:
-            raw = await self._call("session/load", {**self._session_params(), "sessionId": session_id})
+            raw = await self._call(
+                "session/load",
+                {**self._session_params(), "sessionId": session_id},
+                on_answer=lambda _: self._claim_session(session_id),
+            )
         except JsonRpcError as exc:
             log.info("acp.load_failed", session_id=session_id, code=exc.code, error=exc.message)
             return False
@@ -105,9 +122,7 @@ class AcpSessionOpener(AcpClient):
     async def _session_opened(
         self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption], raw: Any
     ) -> None:
-        self._session_id = session_id
-        self._state = acp_state.SessionState()
-        self._cost_total = 0.0
+        self._claim_session(session_id)  # claimed already when its answer was read, unless decoded otherwise
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
         await self._emit_all(self._state.opened(raw))
         await self._apply_mode(modes)

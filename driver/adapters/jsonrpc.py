@@ -67,6 +67,7 @@ class _Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
+    on_answer: Callable[[Any], None] | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -138,15 +139,18 @@ class JsonRpcPeer:
         *,
         extra: dict[str, Any] | None = None,
         on_sent: Callable[[], None] | None = None,
+        on_answer: Callable[[Any], None] | None = None,
     ) -> Any:
         """Send a request and wait for its answer. Raises JsonRpcError for an error answer and
         PeerClosed if the peer goes away first. `extra`: more top-level fields (Codex's `trace`);
-        `on_sent`: called once the request is written (the peer has it), before the answer."""
+        `on_sent`: called once the request is written (the peer has it), before the answer;
+        `on_answer`: called with a successful result inline in the read loop, before the line after
+        the answer is dispatched (the waiter resumes only later, after lines already read)."""
         if self.closed.is_set():
             raise PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
         request_id = self._next_id
         self._next_id += 1
-        pending = _Pending()
+        pending = _Pending(on_answer=on_answer)
         self._pending[request_id] = pending
         message = self._envelope() | (extra or {}) | {"id": request_id, "method": method}
         if params is not None:
@@ -311,6 +315,11 @@ class JsonRpcPeer:
                 pending.error = JsonRpcError(INTERNAL_ERROR, str(error))
         else:
             pending.result = message.get("result")
+            if pending.on_answer is not None:
+                try:
+                    pending.on_answer(pending.result)
+                except Exception:
+                    log.exception("jsonrpc.answer_handler_failed", peer=self.name)
         pending.done.set()
         return True
 

@@ -75,6 +75,11 @@ def main() -> None:
             sys.stdout.flush()
             answers = [read() for _ in range(params["expect"])]
             send({"id": rid, "result": {"answers": answers}})
+        elif method == "answer_then_tick":
+            # The answer and a notification in one write: the other side reads them in one chunk.
+            pair = [{"id": rid, "result": "answered"}, {"method": "tick", "params": {"after": True}}]
+            sys.stdout.write("".join(json.dumps({"jsonrpc": VERSION, **m} if VERSION else m) + "\n" for m in pair))
+            sys.stdout.flush()
         elif method == "garbage":
             sys.stdout.write("this is not json\n[1, 2]\n")
             sys.stdout.flush()

@@ -982,6 +982,16 @@ async def test_real_session_state_events(agent: AgentFactory, tmp_path: Path) ->
     assert "diagnostic.reported" not in h.events.kinds()
 
 
+async def test_an_update_read_with_the_session_answer_is_the_new_sessions(tmp_path: Path, stopper: Any) -> None:
+    """claude-agent-acp sends its slash commands right after the session/new answer. Read in the same
+    chunk, the update is dispatched before the opener resumes: it belongs to the session just answered,
+    not to an unknown one (CI once lost claude-agent-acp's commands this way)."""
+    h = stopper(stubborn(tmp_path, env={"STUBBORN_COMMANDS": "1"}))
+    await h.adapter.start()
+    commands = await h.events.wait_for("session.commands.updated", timeout=10)
+    assert commands == {"commands": [{"name": "review", "description": "Review the changes", "input_hint": "a path"}]}
+
+
 def test_cost_is_the_runs_share_of_the_sessions_total() -> None:
     first = AcpTurn("r1")
     cost = {"sessionUpdate": "usage_update", "used": 1, "size": 9, "cost": {"amount": 0.01, "currency": "USD"}}

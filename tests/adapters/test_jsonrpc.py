@@ -230,3 +230,17 @@ async def test_a_handler_that_raises_is_answered_and_reported() -> None:
     assert diag["code"] == "driver.internal_error"
     assert diag["details"]["exception_type"] == "KeyError" and diag["details"]["method"] == "fs/read"
     assert reporter.count == 2
+
+
+async def test_on_answer_runs_before_the_lines_read_with_the_answer() -> None:
+    """A notification read in the same chunk as an answer is dispatched before the requester resumes:
+    `on_answer` is how a requester acts on the answer first (an ACP session id)."""
+    seen: list[tuple[Any, list[tuple[str, Any]]]] = []
+    async with _open("2.0") as h:
+
+        def on_answer(result: Any) -> None:
+            seen.append((result, list(h.notifications)))
+
+        assert await h.peer.request("answer_then_tick", on_answer=on_answer) == "answered"
+        assert seen == [("answered", [])]
+        assert h.notifications == [("tick", {"after": True})]  # already dispatched when the request returned

@@ -46,6 +46,7 @@ for an agent that has no model:
 Sessions it created can be loaded again with `session/load` (it advertises `loadSession`, unless
 `STUBBORN_LOAD_SESSION=0`: then it is an agent that cannot resume at all).
 
+With `STUBBORN_COMMANDS=1` the `session/new` answer and a slash-commands update come in one write.
 With `STUBBORN_NEW_SESSION_DELAY_MS=N` every `session/new` after the first waits N ms (a slow reset).
 
 With `STUBBORN_RICH=1` it is a richer agent: it takes images and embedded context in prompts, and its
@@ -83,6 +84,9 @@ _cancelled: dict[str, threading.Event] = {}
 _session_params: dict[str, Any] = {}
 AUTH_VAR = os.environ.get("STUBBORN_AUTH_VAR")
 RICH = os.environ.get("STUBBORN_RICH") == "1"
+# With the session/new answer, in the same write: an available_commands_update for the new session, as
+# claude-agent-acp sends its slash commands right after it (a client must not drop it as unknown).
+COMMANDS = os.environ.get("STUBBORN_COMMANDS") == "1"
 _config: dict[str, Any] = {"effort": "low", "fast": False}
 
 
@@ -111,6 +115,14 @@ def send(message: dict[str, Any]) -> None:
     line = json.dumps(message) + "\n"
     with _out_lock:
         sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def send_together(*messages: dict[str, Any]) -> None:
+    """Several messages in one write: the client reads them in one chunk."""
+    lines = "".join(json.dumps({**message, "jsonrpc": "2.0"}) + "\n" for message in messages)
+    with _out_lock:
+        sys.stdout.write(lines)
         sys.stdout.flush()
 
 
@@ -405,7 +417,13 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         sid = f"stub-{uuid.uuid4().hex[:12]}"
         _sessions.add(sid)
         _session_params[sid] = params
-        send({"id": rid, "result": {"sessionId": sid, **session_state()}})
+        answer = {"id": rid, "result": {"sessionId": sid, **session_state()}}
+        if COMMANDS:
+            commands = [{"name": "review", "description": "Review the changes", "input": {"hint": "a path"}}]
+            update = {"sessionUpdate": "available_commands_update", "availableCommands": commands}
+            send_together(answer, {"method": "session/update", "params": {"sessionId": sid, "update": update}})
+        else:
+            send(answer)
     elif method == "session/load":
         sid = params.get("sessionId", "")
         if sid.startswith("stub-"):
