@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import kept
+from driver import kept, reattach
 from driver.adapters import keeping
 from driver.adapters.base import AdapterConfig
 from driver.adapters.process import ProviderProcess
@@ -35,10 +35,14 @@ async def echo_once(proc: keeping.AnyProcess) -> bytes:
     return got
 
 
-async def test_a_grace_keeps_the_provider(tmp_path: Path) -> None:
-    proc, plan = await keeping.provider_process(
-        ECHO, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, name="t", config=config(tmp_path), runtime="acp"
+async def provider(tmp: Path) -> tuple[keeping.AnyProcess, reattach.Plan | None]:
+    return await keeping.provider_process(
+        ECHO, env={"PATH": "/usr/bin:/bin"}, cwd=tmp, name="t", config=config(tmp), runtime="acp"
     )
+
+
+async def test_a_grace_keeps_the_provider(tmp_path: Path) -> None:
+    proc, plan = await provider(tmp_path)
     try:
         assert isinstance(proc, KeptProcess) and plan is None
         assert await echo_once(proc) == b"got:one\n"
@@ -50,9 +54,7 @@ async def test_a_grace_keeps_the_provider(tmp_path: Path) -> None:
 async def test_a_keeper_that_cannot_be_set_up_leaves_the_provider_unkept_and_working(tmp_path: Path) -> None:
     (tmp_path / "driver").mkdir()
     (tmp_path / "driver" / "keeper").write_text("not a folder")  # its files cannot be made
-    proc, plan = await keeping.provider_process(
-        ECHO, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, name="t", config=config(tmp_path), runtime="acp"
-    )
+    proc, plan = await provider(tmp_path)
     try:
         assert isinstance(proc, ProviderProcess) and plan is None
         assert await echo_once(proc) == b"got:one\n"
