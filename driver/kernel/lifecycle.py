@@ -16,6 +16,7 @@ import anyio
 
 from driver import logs
 from driver.kernel.runpath import STATUS_OF
+from driver.ports.permissions import resolved_payload
 from driver.protocol.frames import CommandError
 
 if TYPE_CHECKING:
@@ -54,16 +55,8 @@ class Lifecycle:
             # the CP is never left holding a request nobody will answer (driver/queue/asked.py).
             for request in await anyio.to_thread.run_sync(journal.asked_permissions, run_id):
                 if request.outcome is None:
-                    await k.runs.emit_for_run(
-                        run_id,
-                        "permission.resolved",
-                        {
-                            "request_id": request.request_id,
-                            "outcome": "cancelled",
-                            "option_id": None,
-                            "decided_by": "cancel",
-                        },
-                    )
+                    cancelled = resolved_payload(request.request_id, "cancelled", None, "cancel")
+                    await k.runs.emit_for_run(run_id, "permission.resolved", cancelled)
             event_id = await k.runs.emit_for_run(
                 run_id,
                 "run.failed",

@@ -24,6 +24,11 @@ Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 DecidedBy = Literal["control_plane", "policy", "timeout", "cancel"]
 
 
+def resolved_payload(request_id: str, outcome: str, option_id: str | None, decided_by: DecidedBy) -> dict[str, Any]:
+    """The `permission.resolved` payload: the broker's, and restart recovery's for a dead run."""
+    return {"request_id": request_id, "outcome": outcome, "option_id": option_id, "decided_by": decided_by}
+
+
 class PermissionCommandError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -178,10 +183,7 @@ class PermissionBroker:
         self, request_id: str, pending: _Pending, outcome: str, option_id: str | None, decided_by: DecidedBy
     ) -> None:
         try:
-            await self._emit(
-                "permission.resolved",
-                {"request_id": request_id, "outcome": outcome, "option_id": option_id, "decided_by": decided_by},
-            )
+            await self._emit("permission.resolved", resolved_payload(request_id, outcome, option_id, decided_by))
         finally:
             pending.announced.set()
 
