@@ -122,7 +122,7 @@ class AcpSessionOpener(AcpClient):
     async def _session_opened(
         self, session_id: str, modes: m.SessionModeState | None, config_options: list[m.ConfigOption], raw: Any
     ) -> None:
-        self._claim_session(session_id)  # claimed already when its answer was read, unless decoded otherwise
+        self._claim_session(session_id)  # a no-op: claimed as its answer was read (on_answer)
         await self.ports.emit("runtime.resume.updated", {"runtime": self.runtime, "value": session_id})
         await self._emit_all(self._state.opened(raw))
         await self._apply_mode(modes)

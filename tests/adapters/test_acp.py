@@ -828,15 +828,17 @@ async def test_real_full_access_never_asks(agent: AgentFactory, tmp_path: Path) 
     assert [p["status"] for p in h.events.of("tool.completed")] == ["completed"]
 
 
+ECHO_TOOL = HostTool(
+    name="echo",
+    description="Echo the text back",
+    input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+)
+
+
 @pytest.mark.provider
 @pytest.mark.parametrize("agent", ["claude-agent-acp"], indirect=True)
 async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, tmp_path: Path) -> None:
-    echo = HostTool(
-        name="echo",
-        description="Echo the text back",
-        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    )
-    h = agent(tmp_path, host_tools=[echo], permissions=ScriptedPermissions(allow_first))
+    h = agent(tmp_path, host_tools=[ECHO_TOOL], permissions=ScriptedPermissions(allow_first))
     await h.adapter.start()
     out = await h.run('[[tool:mcp__host__echo:{"text": "hi"}]]')
     assert out.status == "completed" and out.final_message_text == "tool done"
@@ -848,12 +850,7 @@ async def test_real_host_tool_through_the_host_mcp_server(agent: AgentFactory, t
 async def test_real_host_tool_offered_directly_by_codex_acp(agent: AgentFactory, tmp_path: Path) -> None:
     """codex-acp offers the host MCP tools in the request's tools (an `mcp__host` namespace), with no
     tool search first: the call still reaches the host-tools port and its answer the model."""
-    echo = HostTool(
-        name="echo",
-        description="Echo the text back",
-        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    )
-    h = agent(tmp_path, host_tools=[echo], permissions=ScriptedPermissions(allow_first))
+    h = agent(tmp_path, host_tools=[ECHO_TOOL], permissions=ScriptedPermissions(allow_first))
     await h.adapter.start()
     out = await h.run('[[mcp:host:echo:{"text": "hi"}]]')
     assert out.status == "completed" and out.final_message_text.startswith("mcp done"), out

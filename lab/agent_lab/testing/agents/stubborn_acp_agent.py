@@ -110,16 +110,8 @@ def session_state() -> dict[str, Any]:
 _authenticated = threading.Event()
 
 
-def send(message: dict[str, Any]) -> None:
-    message["jsonrpc"] = "2.0"
-    line = json.dumps(message) + "\n"
-    with _out_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-
-
-def send_together(*messages: dict[str, Any]) -> None:
-    """Several messages in one write: the client reads them in one chunk."""
+def send(*messages: dict[str, Any]) -> None:
+    """One message, or several in one write (the client then reads them in one chunk)."""
     lines = "".join(json.dumps({**message, "jsonrpc": "2.0"}) + "\n" for message in messages)
     with _out_lock:
         sys.stdout.write(lines)
@@ -421,7 +413,7 @@ def handle_request(rid: Any, method: str, params: dict[str, Any]) -> None:
         if COMMANDS:
             commands = [{"name": "review", "description": "Review the changes", "input": {"hint": "a path"}}]
             update = {"sessionUpdate": "available_commands_update", "availableCommands": commands}
-            send_together(answer, {"method": "session/update", "params": {"sessionId": sid, "update": update}})
+            send(answer, {"method": "session/update", "params": {"sessionId": sid, "update": update}})
         else:
             send(answer)
     elif method == "session/load":
