@@ -65,25 +65,25 @@ async def main(only: list[str]) -> None:
     logs.configure("warning")
     base = _python_rss(BASE_IMPORTS)
     sdk = _python_rss(f"{BASE_IMPORTS}\nimport claude_agent_sdk") - base
-    rows: list[list[object]] = []
+    measured: list[tuple[str, float]] = []
     with ExitStack() as stack:
         fakes = Fakes(stack)
         for runtime in RUNTIMES:
             if only and runtime not in only:
                 continue
             print(f"measuring {runtime} ...", flush=True)
-            rows.append([runtime, await measure(runtime, fakes)])
+            measured.append((runtime, await measure(runtime, fakes)))
     table(
         "idle RSS of the driver process (provider started, no run; the provider's processes not counted)",
         ["runtime", "driver RSS MB"],
         [
-            *rows,
+            *([name, mb] for name, mb in measured),
             ["baseline: python + " + BASE_IMPORTS.removeprefix("import "), base],
             ["the Claude Agent SDK's import alone (added to the baseline)", sdk],
         ],
     )
-    for runtime, mb in rows:
-        goal(f"idle RSS ≤ {GOAL_MB:.0f} MB ({runtime})", float(str(mb)) <= GOAL_MB, f"{float(str(mb)):.1f} MB")
+    for runtime, mb in measured:
+        goal(f"idle RSS ≤ {GOAL_MB:.0f} MB ({runtime})", mb <= GOAL_MB, f"{mb:.1f} MB")
 
 
 if __name__ == "__main__":
