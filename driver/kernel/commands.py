@@ -17,6 +17,7 @@ import msgspec
 
 from driver import guard, logs
 from driver.adapters.base import ProviderError
+from driver.kernel import run_ids
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
@@ -39,6 +40,7 @@ class CommandDesk:
         self.in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
         self.kinds: dict[str, str] = {}  # command_id → kind, for command.finished
         self._started: anyio.Event | None = None  # set once the latest accepted command began executing
+        self.run_ids = run_ids.RunIds(kernel)  # PROTOCOL §9: an input.start's run_id is used once
 
     async def send_update(self, update: CommandUpdate) -> None:
         link = self.k.link
@@ -210,7 +212,15 @@ class CommandDesk:
             return
         match command:
             case cmds.InputStart():
-                await k.runs.input_start(command, fp)
+                if not await self.run_ids.claim(command.run_id):
+                    await fail(run_ids.DUPLICATE, f"run {command.run_id} was already run or is held: one run per id")
+                    return
+                taken = False
+                try:
+                    taken = await k.runs.input_start(command, fp)
+                finally:
+                    if not taken:
+                        self.run_ids.release(command.run_id)
             case cmds.InputSteer():
                 await k.runs.steering.steer(command, fp)
             case cmds.TurnCancel():

@@ -56,7 +56,7 @@ async def test_a_burst_of_24_queued_input_starts_holds_16_and_refuses_8(tmp_path
             }
             await cp.send_raw(INSTANCE, json.dumps(frame))
         await cp.wait_until(lambda: sum(final_status(cp, c) is not None for c in ids) >= 8, timeout=30)
-        refused = [c for c in ids if (s := final_status(cp, c)) is not None]
+        refused = [c for c in ids if final_status(cp, c) is not None]
         assert len(refused) == 8, [final_status(cp, c) for c in refused]
         for c in refused:
             status = final_status(cp, c)
@@ -82,7 +82,9 @@ async def test_a_reused_run_id_is_refused_run_duplicate_while_active_queued_and_
         assert status["status"] == "failed" and status["error"]["code"] == "run.duplicate", status
         assert status["error"]["retryable"] is False
         # While it is held: the same queued run_id twice.
-        held, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:two]]"}, queue=True)
+        held, _ = await cp.send_command(
+            INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:two]]"}, queue=True
+        )
         await cp.wait_for_command_status(held, "accepted", timeout=10)
         twice, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "hi"}, queue=True)
         status = await cp.wait_for_command_status(twice, timeout=10)
@@ -114,9 +116,7 @@ async def test_a_run_id_is_still_known_after_a_driver_restart(tmp_path: Path, dr
         d.signal(signal.SIGKILL)
         await d.wait(10)
         start(tmp_path, cp.url, drivers, name="driver2")
-        await cp.wait_for_event(
-            INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-2", timeout=30
-        )
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "run.failed" and e["run_id"] == "run-2", timeout=30)
         for run_id in ("run-1", "run-2"):
             again, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": "hi"})
             status = await cp.wait_for_command_status(again, timeout=20)
