@@ -122,3 +122,23 @@ async def test_a_run_id_is_still_known_after_a_driver_restart(tmp_path: Path, dr
             status = await cp.wait_for_command_status(again, timeout=20)
             assert status["status"] == "failed" and status["error"]["code"] == "run.duplicate", status
             assert len(terminals(cp, run_id)) == 1
+
+
+async def test_a_command_whose_seq_is_outside_int64_is_answered_command_invalid(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    """Its command_id is readable, so it is answered (PROTOCOL §3, §9), and the driver carries on."""
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        seqs = {f"cmd-seq-{i}": seq for i, seq in enumerate((2**63, 2**64, 10**30, -(2**70)))}
+        for cid, seq in seqs.items():
+            frame = {"type": "command", "command_id": cid, "seq": seq, "kind": "turn.cancel", "run_id": "r"}
+            await cp.send_raw(INSTANCE, json.dumps(frame))
+        await cp.wait_until(lambda: all(final_status(cp, c) is not None for c in seqs), timeout=15)
+        for cid in seqs:
+            status = final_status(cp, cid)
+            assert status is not None and status["status"] == "failed", status
+            assert status["error"]["code"] == "command.invalid" and "seq" in status["error"]["message"]
+        done, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:ok]]"})
+        assert (await cp.wait_for_command_status(done, timeout=20))["status"] == "completed"
