@@ -142,3 +142,30 @@ async def test_a_command_whose_seq_is_outside_int64_is_answered_command_invalid(
             assert status["error"]["code"] == "command.invalid" and "seq" in status["error"]["message"]
         done, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:ok]]"})
         assert (await cp.wait_for_command_status(done, timeout=20))["status"] == "completed"
+
+
+async def test_steers_are_bounded_in_size_and_in_number_pending(tmp_path: Path, drivers: list[Driver]) -> None:
+    """A follow-up steer (ACP) waits for the current turn to end: while `[[slow]]` runs, 8 are held and
+    the next is refused `steer.too_many` (retryable); a text over 256 KiB is `steer.too_large`."""
+    async with control_plane(tmp_path) as cp:
+        start(tmp_path, cp.url, drivers)
+        run = await slow_run(cp, "run-s")
+        big, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-s", input={"text": "x" * (256 * 1024 + 1)})
+        status = await cp.wait_for_command_status(big, timeout=10)
+        assert status["status"] == "failed" and status["error"]["code"] == "steer.too_large", status
+        held = []
+        for i in range(8):
+            cid, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-s", input={"text": f"steer {i}"})
+            held.append(cid)
+        # Each is on its way (accepted, not terminal) before the ninth arrives.
+        for cid in held:
+            await cp.wait_for_command_status(cid, "accepted", timeout=10)
+        ninth, _ = await cp.send_command(INSTANCE, "input.steer", run_id="run-s", input={"text": "one too many"})
+        status = await cp.wait_for_command_status(ninth, timeout=10)
+        assert status["status"] == "failed" and status["error"]["code"] == "steer.too_many", status
+        assert status["error"]["retryable"] is True
+        assert all(final_status(cp, c) is None for c in held)
+        await cp.send_command(INSTANCE, "turn.cancel", run_id="run-s", reason="done")
+        for cid in held:
+            assert (await cp.wait_for_command_status(cid, timeout=20))["status"] == "cancelled"
+        assert (await cp.wait_for_command_status(run, timeout=20))["status"] == "cancelled"
