@@ -20,6 +20,7 @@ import anyio.abc
 
 from driver import containment
 from driver.adapters.base import ProviderError
+from driver.adapters.environment import child_env
 from driver.keeper_state import KeeperError, Record, _children, _write_json, discard, keeper_dir, socket_address
 
 KEEPER_PY = Path(__file__).with_name("keeper.py")
@@ -91,7 +92,7 @@ async def launch(
     config = {
         "secret": secret,
         "argv": argv,
-        "env": dict(env),
+        "env": child_env(env),  # the provider's, by value (driver/adapters/environment.py)
         "cwd": str(cwd),
         "grace_ms": grace_ms,
         "log_max_bytes": log_max_bytes,

@@ -28,6 +28,7 @@ from driver.protocol.frames import (
     SUBPROTOCOL,
     CommandFrame,
     FrameError,
+    InvalidCommand,
     Receipt,
     Welcome,
     decode_inbound,
@@ -90,7 +91,7 @@ class LinkHooks(msgspec.Struct):
     hello: Callable[[], bytes]
     heartbeat: Callable[[], bytes]
     on_welcome: Callable[[Welcome], Awaitable[None]]
-    on_command: Callable[[CommandFrame, bytes], Awaitable[None]]
+    on_command: Callable[[CommandFrame | InvalidCommand, bytes], Awaitable[None]]
     # Not awaited: reporting admits into the outbox, which only this link's sender can empty (the
     # reader and the sender must never wait for admission).
     on_final_rejections: Callable[[list[Any]], None]

@@ -290,3 +290,53 @@ def test_millisecond_fields_beyond_64_bits_are_refused(tmp_path: Path, field: st
     f = write(tmp_path / "boot.json", json.dumps(p))
     with pytest.raises(BootError, match=field):
         read_boot_payload(str(f))
+
+
+def _set(p: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = p
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+# Each number of the payload and its stated range (docs/protocol.md §1): just outside is refused.
+RANGES = [
+    ("session.idle_exit_ms", 100, 30 * 86_400_000),
+    ("execution.permission_timeout_ms", 1_000, 86_400_000),
+    ("execution.host_tool_timeout_ms", 1_000, 86_400_000),
+    ("execution.reattach_grace_ms", 0, 3_600_000),
+    ("execution.limits.provider_rss_mb", 16, 1_048_576),
+    ("execution.model_proxy.budget.max_usd_per_run", 0, 1_000_000),
+    ("execution.model_proxy.budget.max_usd_per_session", 0, 1_000_000),
+    ("execution.model_proxy.budget.max_tokens_per_run", 0, 10**12),
+]
+
+
+def _with_proxy(p: dict[str, Any], path: str) -> None:
+    if ".model_proxy." in path:
+        p["execution"]["environment"] = {"ANTHROPIC_API_KEY": "k"}
+        p["execution"]["model_proxy"] = {"secrets": ["ANTHROPIC_API_KEY"], "budget": {}}
+
+
+@pytest.mark.parametrize(("path", "low", "high"), RANGES)
+def test_every_number_outside_its_stated_range_is_refused_naming_the_field(
+    tmp_path: Path, path: str, low: int, high: int
+) -> None:
+    for value in (low - 1, high + 1, 2**70, -(2**70)):
+        p = payload(tmp_path)
+        _with_proxy(p, path)
+        _set(p, path, value)
+        f = write(tmp_path / "boot.json", json.dumps(p))
+        with pytest.raises(BootError) as info:
+            read_boot_payload(str(f))
+        assert info.value.exit_code == 78 and path.rsplit(".", 1)[1] in str(info.value), (path, value)
+
+
+@pytest.mark.parametrize(("path", "low", "high"), RANGES)
+def test_the_bounds_themselves_are_taken(tmp_path: Path, path: str, low: int, high: int) -> None:
+    for value in (low, high):
+        p = payload(tmp_path)
+        _with_proxy(p, path)
+        _set(p, path, value)
+        read_boot_payload(str(write(tmp_path / "boot.json", json.dumps(p))))

@@ -31,6 +31,7 @@ import anyio.abc
 
 from driver import containment, logs
 from driver.adapters.base import ProviderError
+from driver.adapters.environment import child_env
 
 log = logs.get(__name__)
 
@@ -116,7 +117,7 @@ class ProviderProcess:
                 stdout=PIPE,
                 stderr=PIPE,
                 cwd=str(cwd),
-                env=dict(env),
+                env=child_env(env),  # the last word on what a provider sees (withheld values)
                 start_new_session=True,
             )
         except FileNotFoundError as exc:

@@ -17,11 +17,19 @@ import msgspec
 
 from driver import guard, logs
 from driver.adapters.base import ProviderError
+from driver.kernel import run_ids
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError
 from driver.protocol import commands as cmds
 from driver.protocol.fingerprint import comparable
-from driver.protocol.frames import TERMINAL_STATUSES, CommandError, CommandFrame, CommandUpdate, encode
+from driver.protocol.frames import (
+    TERMINAL_STATUSES,
+    CommandError,
+    CommandFrame,
+    CommandUpdate,
+    InvalidCommand,
+    encode,
+)
 from driver.queue.command_index import StoredCommand
 
 if TYPE_CHECKING:
@@ -39,6 +47,7 @@ class CommandDesk:
         self.in_progress: dict[str, str] = {}  # command_id → fingerprint, for commands not yet terminal
         self.kinds: dict[str, str] = {}  # command_id → kind, for command.finished
         self._started: anyio.Event | None = None  # set once the latest accepted command began executing
+        self.run_ids = run_ids.RunIds(kernel)  # PROTOCOL §9: an input.start's run_id is used once
 
     async def send_update(self, update: CommandUpdate) -> None:
         link = self.k.link
@@ -80,8 +89,11 @@ class CommandDesk:
         self.kinds.pop(command_id, None)
         await self.send_update(update)
 
-    async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+    async def on_command(self, head: CommandFrame | InvalidCommand, raw: bytes) -> None:
         """A command frame from the link's reader. Never raises: an unexpected error fails the command."""
+        if isinstance(head, InvalidCommand):
+            await self.invalid_head(head)
+            return
         try:
             await self._on_command(head, raw)
         except Exception as exc:
@@ -90,6 +102,21 @@ class CommandDesk:
             except Exception:
                 fp = None
             await self.internal_error(head.command_id, head.seq, head.kind, exc, fp)
+
+    async def invalid_head(self, head: InvalidCommand) -> None:
+        """A command frame whose `command_id` is readable but whose head is not (a `seq` outside int64,
+        no `kind`): answered at once, `failed` / `command.invalid`, and not journaled, since its `seq`
+        cannot be stored or counted (PROTOCOL §3, §9; docs/protocol.md). An id already in use keeps its
+        own status: this other content under it is a `command.conflict`."""
+        try:
+            known = head.command_id in self.in_progress or self.k.journal.command(head.command_id) is not None
+            if known:
+                error = CommandError("command.conflict", "this command_id was used before with other content")
+            else:
+                error = CommandError("command.invalid", head.problem)
+            await self.send_update(CommandUpdate(command_id=head.command_id, status="failed", error=error))
+        except Exception as exc:
+            await guard.report(self.k, "command (invalid)", exc, command_id=head.command_id)
 
     async def internal_error(
         self, command_id: str, seq: int, kind: str, exc: BaseException, fp: str | None = None
@@ -113,7 +140,8 @@ class CommandDesk:
         k.touch()
         try:
             fingerprint = cmds.fingerprint(raw)
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as exc:  # readable as a head, not as content: still answered
+            await self.invalid_head(InvalidCommand(head.command_id, str(exc)))
             return
         stored = k.journal.command(head.command_id)
         known = stored.fingerprint if stored is not None else self.in_progress.get(head.command_id)
@@ -210,7 +238,15 @@ class CommandDesk:
             return
         match command:
             case cmds.InputStart():
-                await k.runs.input_start(command, fp)
+                if not await self.run_ids.claim(command.run_id):
+                    await fail(run_ids.DUPLICATE, f"run {command.run_id} was already run or is held: one run per id")
+                    return
+                taken = False
+                try:
+                    taken = await k.runs.input_start(command, fp)
+                finally:
+                    if not taken:
+                        self.run_ids.release(command.run_id)
             case cmds.InputSteer():
                 await k.runs.steering.steer(command, fp)
             case cmds.TurnCancel():

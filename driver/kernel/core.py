@@ -35,6 +35,7 @@ from driver.protocol.events import (
 )
 from driver.protocol.frames import (
     CommandFrame,
+    InvalidCommand,
     Welcome,
     encode,
 )
@@ -270,7 +271,7 @@ class Kernel:
         except Exception as exc:
             await guard.report(self, "welcome", exc)
 
-    async def on_command(self, head: CommandFrame, raw: bytes) -> None:
+    async def on_command(self, head: CommandFrame | InvalidCommand, raw: bytes) -> None:
         await self.ready.wait()
         await self.commands.on_command(head, raw)  # its own boundary: never raises
 

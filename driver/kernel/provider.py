@@ -28,7 +28,7 @@ import msgspec
 from driver import logs
 from driver.adapters.base import Adapter, AdapterConfig, ProviderError
 from driver.adapters.deferred import DeferredAdapter
-from driver.adapters.environment import provider_env
+from driver.adapters.environment import child_env, provider_env, withheld_of, withhold, withhold_execution
 from driver.interfaces import PathNotAllowed
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
@@ -70,6 +70,7 @@ class ProviderRoom:
 
         # PROTOCOL §6.7: the model proxy, only when the payload asks for it (imported only then).
         self.proxy: ProxyRoom | None = None
+        withhold(withheld_of(kernel.boot))  # every child's environment drops these values (environment.py)
         if kernel.boot.execution.model_proxy is not None:
             from driver.model_proxy.room import ProxyRoom
 
@@ -97,6 +98,8 @@ class ProviderRoom:
         execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)
         if self.proxy is not None:
             env, execution = self.proxy.adapt(env, execution, provider_dir)
+        # By value, after the proxy's placeholders (PROTOCOL §6.7, §9): no withheld value under any name.
+        env, execution = child_env(env), withhold_execution(execution)
         self._announced = False
         # With no ref to resume, a session that has history starts fresh with that history replayed,
         # and says so (runtime.session.reset with previous = null) once the new session is known.

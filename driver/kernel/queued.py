@@ -71,6 +71,9 @@ class RunQueue:
         self.k = kernel
         self.items: list[Queued] = []
         self._starting = False  # a queued run is being started (between the pop and `k.run` being set)
+        # Slots taken by `reserve` whose `hold` has not appended yet (PROTOCOL §9 "Check and act are one
+        # step"): the cap counts them, so a burst cannot pass the check while the first journal write waits.
+        self._reserved = 0
 
     def run_ids(self) -> list[str]:
         return [q.run_id for q in self.items]
@@ -81,17 +84,28 @@ class RunQueue:
     @property
     def busy(self) -> bool:
         """Queued runs come first: a new input.start must not overtake them between two runs."""
-        return bool(self.items) or self._starting
+        return bool(self.items) or self._starting or self._reserved > 0
 
     @property
     def full(self) -> bool:
-        return len(self.items) >= MAX_QUEUED
+        return len(self.items) + self._reserved >= MAX_QUEUED
+
+    def reserve(self) -> bool:
+        """Take one of the 16 slots now, before any await (False: the queue is full). The caller then
+        calls `hold`, which gives the slot back whether it holds the command or fails."""
+        if self.full:
+            return False
+        self._reserved += 1
+        return True
 
     async def hold(self, command: cmds.InputStart, fingerprint: str) -> None:
-        """Journal the command's body, then hold it (the caller checked `full`)."""
-        body = msgspec.json.encode(_Held(command, fingerprint)).decode()
-        await anyio.to_thread.run_sync(self.k.journal.set_text, key_of(command.command_id), body)
-        self.items.append(Queued(command, fingerprint))
+        """Journal the command's body, then hold it in the slot the caller reserved (`reserve`)."""
+        try:
+            body = msgspec.json.encode(_Held(command, fingerprint)).decode()
+            await anyio.to_thread.run_sync(self.k.journal.set_text, key_of(command.command_id), body)
+            self.items.append(Queued(command, fingerprint))
+        finally:
+            self._reserved -= 1
         self.items.sort(key=lambda q: q.command.seq)
         log.info("run.queued", run_id=command.run_id, command_id=command.command_id, queued=len(self.items))
         self.kick()

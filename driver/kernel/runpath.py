@@ -69,9 +69,10 @@ class RunPath:
         *,
         from_queue: bool = False,
         on_registered: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
+    ) -> bool:
         """Run `command` to its terminal. `from_queue`: a held run the queue starts now (it was
-        checked when it arrived); `on_registered` is called once the run is journaled as started."""
+        checked when it arrived); `on_registered` is called once the run is journaled as started.
+        False when the command was refused without running or holding its run (its run_id is free)."""
         k = self.k
         cid, seq = command.command_id, command.seq
         # Queued runs come first: a new input.start arriving between two runs must not overtake them.
@@ -80,23 +81,25 @@ class RunPath:
                 await k.commands.finish(
                     cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
                 )
-            elif self.queue.full:
+                return False
+            if not self.queue.reserve():  # the slot is taken here, before any await (PROTOCOL §9)
                 message = "16 inputs are already queued; retry once one has started"
                 await k.commands.finish(cid, seq, fp, "failed", error=CommandError("driver.queue_full", message, True))
-            else:
-                await self.queue.hold(command, fp)
-            return
+                return False
+            await self.queue.hold(command, fp)
+            return True
         if k.provider.resetting:
             await k.commands.finish(
                 cid, seq, fp, "failed", error=CommandError("driver.busy", "a session.reset is in progress", True)
             )
-            return
+            return False
         run = Run(command.run_id, cid)
         k.run = run
         try:
             await self._run(run, command, fp, on_registered)
         except Exception as exc:
             await self._internal_error(run, command, fp, exc)
+        return True
 
     async def _internal_error(self, run: Run, command: cmds.InputStart, fp: str, exc: Exception) -> None:
         """The supervision boundary of a run: an unexpected error ends it `run.failed{driver.internal_error}`

@@ -27,6 +27,12 @@ log = logs.get("driver.kernel.steering")
 
 SETTLE_S = 5.0  # how long a terminal waits for steers on their way (a provider that never answers)
 NOT_ACTIVE = "run.not_active"
+# Bounds of what the CP can pile onto one run (PROTOCOL §3.1, docs/protocol.md): a steer's text in UTF-8
+# bytes, and the steers of a run not yet delivered to its provider (a follow-up waits for its turn).
+MAX_STEER_TEXT_BYTES = 256 * 1024
+MAX_PENDING_STEERS = 8
+TOO_LARGE = "steer.too_large"
+TOO_MANY = "steer.too_many"
 
 Answer = tuple[Literal["completed", "failed", "cancelled"], dict[str, object] | None, CommandError | None]
 
@@ -72,6 +78,14 @@ class Steering:
         mode = k.capability_mode("steer")
         if mode is None:
             return "failed", None, CommandError("steer.unsupported", f"{k.boot.execution.runtime} cannot be steered")
+        size = len(command.input.text.encode("utf-8", "surrogatepass"))
+        if size > MAX_STEER_TEXT_BYTES:
+            message = f"input.text is {size} bytes; a steer carries at most {MAX_STEER_TEXT_BYTES}"
+            return "failed", None, CommandError(TOO_LARGE, message)
+        if run.steers_in_flight >= MAX_PENDING_STEERS:
+            message = f"{MAX_PENDING_STEERS} steers of this run are still on their way; retry once one is delivered"
+            return "failed", None, CommandError(TOO_MANY, message, retryable=True)
+        # Counted before the first await: the bound and the count are one step (PROTOCOL §9).
         run.steers_in_flight += 1
         try:
             return await self._deliver(run, command, mode)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from driver import containment
+from driver.adapters.environment import child_env
 
 
 class Spawned(NamedTuple):
@@ -62,7 +63,7 @@ def spawn(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=dict(env),
+            env=child_env(env),
             cwd=cwd,
             start_new_session=True,  # its own group: process.signal reaches it and not the driver
         )
@@ -80,7 +81,7 @@ def spawn(
             stdin=slave,
             stdout=slave,
             stderr=slave,
-            env=dict(env),
+            env=child_env(env),
             cwd=cwd,
             start_new_session=True,
         )

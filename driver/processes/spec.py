@@ -8,7 +8,7 @@ import signal as _signal
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from driver.adapters.environment import FORBIDDEN
+from driver.adapters.environment import FORBIDDEN, child_env
 
 MAX_PROCESSES = 16  # running at once; one more fails `process.limit`
 DEFAULT_TERM = "xterm-256color"  # what the console's xterm.js is
@@ -61,11 +61,8 @@ def env_of(
             raise SpecError("command.invalid", f"env: the value of {key} contains a NUL character")
         if key in withheld:
             raise SpecError("process.env_refused", f"env: {key} is withheld from processes in the sandbox")
-    env = {k: v for k, v in provider_env.items() if k not in withheld}
-    if pty:
-        env["TERM"] = DEFAULT_TERM
-    env.update(extra)
-    return env
+    # By value too: a secret under another name, in the payload or in `extra`, is dropped (child_env).
+    return child_env(provider_env, {"TERM": DEFAULT_TERM} if pty else None, extra, names=withheld)
 
 
 class ExitInfo(NamedTuple):

@@ -16,8 +16,18 @@ Runtime = Literal["claude-agent-sdk", "openai-app-server", "acp"]
 RUNTIMES: tuple[str, ...] = ("claude-agent-sdk", "openai-app-server", "acp")
 
 
-# Bounded so a number past 64 bits is refused at the boundary rather than overflowing a timer later.
-MAX_MS = 2**53
+# Every number of the payload has a stated range (PROTOCOL §9 "Every number the CP gives is clamped";
+# docs/protocol.md §1): one outside it is refused at boot, naming the field (exit 78), never taken as is.
+# A grace of a year, a timeout of 0, a budget past any bill: each is a mistake or an attack.
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+IdleExitMs = Annotated[int, msgspec.Meta(ge=100, le=30 * DAY_MS)]  # 100 ms .. 30 days (null: never)
+WaitMs = Annotated[int, msgspec.Meta(ge=1_000, le=DAY_MS)]  # a permission or host tool: 1 s .. 24 h
+GraceMs = Annotated[int, msgspec.Meta(ge=0, le=HOUR_MS)]  # a kept provider waits 0 .. 1 h (§8.2)
+RssMb = Annotated[float, msgspec.Meta(ge=16, le=1_048_576)]  # 16 MiB .. 1 TiB
+Usd = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=10**12)]
+FileSize = Annotated[int, msgspec.Meta(ge=0, le=2**40)]  # a checkpoint file: at most 1 TiB
 ACP_REQUIRED = "execution.acp is required when execution.runtime is 'acp'"
 PROXY_SECRET_MISSING = "execution.model_proxy.secrets names a variable that is not in execution.environment"
 PROXY_BAD_URL = (
@@ -46,7 +56,7 @@ class SessionConfig(_Strict):
     state_dir: NonEmpty
     memory_dir: str | None = None
     additional_directories: list[str] = msgspec.field(default_factory=list)
-    idle_exit_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_MS)] | None = 300_000
+    idle_exit_ms: IdleExitMs | None = 300_000
 
 
 class McpServer(_Strict):
@@ -87,13 +97,13 @@ class RecoveryMessage(_Strict):
 
 
 class Limits(_Strict):
-    provider_rss_mb: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    provider_rss_mb: RssMb | None = None
 
 
 class Budget(_Strict):
-    max_usd_per_run: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    max_tokens_per_run: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    max_usd_per_session: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    max_usd_per_run: Usd | None = None
+    max_tokens_per_run: Tokens | None = None
+    max_usd_per_session: Usd | None = None
 
 
 class ModelProxy(_Strict):
@@ -106,7 +116,7 @@ class ModelProxy(_Strict):
 class CheckpointFile(_Strict):
     path: NonEmpty  # relative to the provider's home
     url: NonEmpty  # file: or http(s):
-    size: Annotated[int, msgspec.Meta(ge=0)]
+    size: FileSize
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -124,7 +134,7 @@ class ExecutionConfig(_Strict):
     model: str = ""
     system_prompt: str = ""
     permission_policy: Literal["full_access", "supervised"] = "supervised"
-    permission_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 300_000
+    permission_timeout_ms: WaitMs = 300_000
     environment: dict[str, str] = msgspec.field(default_factory=dict)
     mcp_servers: list[McpServer] = msgspec.field(default_factory=list)
     host_tools: list[HostTool] = msgspec.field(default_factory=list)
@@ -133,11 +143,11 @@ class ExecutionConfig(_Strict):
     acp: AcpConfig | None = None
     native_resume: NativeResume | None = None
     recovery_messages: list[RecoveryMessage] = msgspec.field(default_factory=list)
-    host_tool_timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=MAX_MS)] = 600_000
+    host_tool_timeout_ms: WaitMs = 600_000
     limits: Limits = msgspec.field(default_factory=Limits)
     model_proxy: ModelProxy | None = None
     native_checkpoint: NativeCheckpoint | None = None
-    reattach_grace_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_MS)] = 0
+    reattach_grace_ms: GraceMs = 0
 
 
 class Telemetry(_Strict):

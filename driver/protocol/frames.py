@@ -51,11 +51,14 @@ class Hello(msgspec.Struct, tag="hello", tag_field="type", kw_only=True):
 
 
 class Welcome(msgspec.Struct, tag="welcome", tag_field="type", kw_only=True):
+    """Its numbers are any JSON integer, however large: `driver.protocol.welcome.sanitize` clamps each
+    to its stated range before anything uses it (PROTOCOL §9 "Every number the CP gives is clamped")."""
+
     connection_id: str
-    heartbeat_interval_ms: I64 = 5000
-    max_batch_events: I64 = 256
-    max_batch_bytes: I64 = 1_048_576
-    max_event_bytes: I64 = 262_144
+    heartbeat_interval_ms: int = 5000
+    max_batch_events: int = 256
+    max_batch_bytes: int = 1_048_576
+    max_event_bytes: int = 262_144
     accepted_capabilities: list[str] = msgspec.field(default_factory=list)
 
 
@@ -132,6 +135,21 @@ class CommandFrame(msgspec.Struct, tag="command", tag_field="type", kw_only=True
     kind: str
 
 
+class InvalidCommand(msgspec.Struct, frozen=True):
+    """A `command` frame that does not decode as `CommandFrame` (a `seq` outside int64, a missing or
+    mistyped `kind`) but whose `command_id` is readable: still answered, `failed` / `command.invalid`
+    (PROTOCOL §3, §9). Never on the wire: `decode_inbound` builds it."""
+
+    command_id: str
+    problem: str  # msgspec's message: it names the field, never echoes a value
+
+
+class _CommandId(msgspec.Struct, tag="command", tag_field="type"):
+    """Just enough of a broken command frame to answer it."""
+
+    command_id: Annotated[str, msgspec.Meta(min_length=1)]
+
+
 class EventsFrame(msgspec.Struct, tag="events", tag_field="type", kw_only=True):
     """Only used by the control plane side and by tests: the driver splices raw event bytes."""
 
@@ -145,6 +163,7 @@ InboundFrame = Welcome | Receipt | CommandFrame
 DriverFrame = Hello | Heartbeat | CommandUpdate | EventsFrame
 
 _inbound = msgspec.json.Decoder(InboundFrame)
+_command_id = msgspec.json.Decoder(_CommandId)
 _driver_frames = msgspec.json.Decoder(DriverFrame)
 _encoder = msgspec.json.Encoder()
 
@@ -156,10 +175,18 @@ class FrameError(ValueError):
 NESTED_TOO_DEEPLY = "JSON nested too deeply"
 
 
-def decode_inbound(data: bytes | str) -> InboundFrame:
+def decode_inbound(data: bytes | str) -> InboundFrame | InvalidCommand:
+    """The frame, or `InvalidCommand` for a command frame that is invalid but has a readable id."""
     try:
         frame: InboundFrame = _inbound.decode(data)
         return frame
+    except msgspec.ValidationError as exc:
+        # Valid JSON of the wrong shape: a command whose id can be read is answered, not dropped.
+        try:
+            head = _command_id.decode(data)
+        except (msgspec.DecodeError, RecursionError):
+            raise FrameError(str(exc)) from None
+        return InvalidCommand(head.command_id, str(exc))
     except msgspec.DecodeError as exc:
         raise FrameError(str(exc)) from None
     except RecursionError:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 
 from driver.protocol.backoff import full_jitter
-from driver.protocol.frames import CommandFrame, InboundFrame, Receipt, Welcome
+from driver.protocol.frames import CommandFrame, InboundFrame, InvalidCommand, Receipt, Welcome
 from driver.protocol.welcome import Clamp, sanitize
 
 WELCOME_TIMEOUT_S = 10.0
@@ -78,7 +78,7 @@ class LinkCore:
         self.last_heard = now
         self.welcome = None
 
-    def frame(self, frame: InboundFrame, now: float) -> InboundFrame:
+    def frame(self, frame: InboundFrame | InvalidCommand, now: float) -> InboundFrame | InvalidCommand:
         """Account for a received frame; raise ProtocolViolation for one not allowed in this phase."""
         self.last_heard = now
         if self.phase is LinkPhase.HANDSHAKING:
@@ -94,7 +94,7 @@ class LinkCore:
             raise ProtocolViolation("frame received on a link that is not open")
         if isinstance(frame, Welcome):
             raise ProtocolViolation("a second welcome on one connection")
-        assert isinstance(frame, Receipt | CommandFrame)
+        assert isinstance(frame, Receipt | CommandFrame | InvalidCommand)
         return frame
 
     def heard(self, now: float) -> None:

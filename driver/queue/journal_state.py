@@ -103,6 +103,11 @@ class JournalState:
         rows = self._runs("terminal IS NULL ORDER BY started_at", ())
         return [(r[0], r[1]) for r in rows]
 
+    def run_known(self, run_id: str) -> bool:
+        """Whether `run_id` was started (or ended queued) by this state_dir's driver: one of the newest
+        RUNS_KEPT ended runs or an active one (PROTOCOL §9 "Identities are not reused")."""
+        return bool(self._runs("run_id = ?", (run_id,)))
+
     def derived_count(self, run_id: str) -> int:
         """How many lossless events derived from provider output the run has journaled (reattach). A
         row that fails its check is set aside like any other: the run is then not active either."""

@@ -317,6 +317,12 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
             claim.cases.append(Case(name, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
 
     claim.cases.append(await model_key_case(rig, runtime))
+    from agent_lab.evidence import attacks  # issue 30: each attack through the real driver, listed
+
+    try:
+        claim.cases.append(await attacks.case(rig, runtime))
+    except Exception as exc:
+        claim.cases.append(Case(attacks.NAME, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
     if runtime == "acp":
         try:
             claim.cases.append(await files(rig, rig.root))
