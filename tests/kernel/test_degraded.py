@@ -6,12 +6,13 @@ authenticates what it persists (the §6.8 rings, the handover's lock) or is refu
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import INSTANCE, control_plane
+from tests.integration.harness import INSTANCE, DriverProcess, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver, wait_diagnostic, wait_terminal
@@ -74,3 +75,33 @@ async def test_a_ring_the_agent_rewrote_is_never_replayed(tmp_path: Path, fakes:
             assert st["status"] == "completed", st
         finally:
             d.close()
+
+
+async def test_handover_never_signals_a_pid_the_agent_wrote_into_the_lock(tmp_path: Path, fakes: Fakes) -> None:
+    """The agent writes another process's pid into `state_dir/driver.lock` (visible here): `--handover`
+    signals only a holder whose record carries the driver's MAC and still names a running driver, so the
+    victim lives, and the successor says at once that the lock names no driver it can verify (exit 75)."""
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        async with control_plane(tmp_path) as cp:
+            payload = stubborn(tmp_path, cp.url, fakes)
+            d = Driver(tmp_path, payload, env=DEGRADED)
+            try:
+                await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+                lock = tmp_path / "state" / "driver.lock"
+                await agent_shell(cp, "run-1", f"echo {victim.pid} > {lock}")
+                assert lock.read_text().split() == [str(victim.pid)]  # the tool did write it
+                successor = DriverProcess(tmp_path, payload, "successor", DEGRADED, ("--handover",))
+                try:
+                    assert await successor.wait(timeout=20) == 75
+                finally:
+                    successor.kill()
+                assert "names no driver process that can be verified" in successor.stderr()
+                assert victim.poll() is None, "the victim was signalled"
+                assert d.proc.poll() is None  # and the real driver was not asked either: it goes on
+                assert (await command(cp, "process.start", process_id="p", argv=["true"]))["status"] == "completed"
+            finally:
+                d.close()
+    finally:
+        victim.kill()
+        victim.wait()
