@@ -81,7 +81,7 @@ async def test_handover_never_signals_a_pid_the_agent_wrote_into_the_lock(tmp_pa
     """The agent writes another process's pid into `state_dir/driver.lock` (visible here): `--handover`
     signals only a holder whose record carries the driver's MAC and still names a running driver, so the
     victim lives, and the successor says at once that the lock names no driver it can verify (exit 75)."""
-    victim = subprocess.Popen(["sleep", "300"])
+    victim = subprocess.Popen(["sleep", "300"])  # noqa: ASYNC220 (a victim process; starting it does not block)
     try:
         async with control_plane(tmp_path) as cp:
             payload = stubborn(tmp_path, cp.url, fakes)
