@@ -77,26 +77,28 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     from driver import statelock
 
     # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
+    from driver.queue.rowmac import RowMac, derive_key
+
+    # The journal's key (pure, from the payload): the lock's record is authenticated with it too.
+    row_mac = RowMac(derive_key(payload.control.token, payload.driver_instance_id))
     try:
         if getattr(args, "handover", False):
             from driver.handover import take_over
 
-            lock = take_over(Path(payload.session.state_dir))
+            lock = take_over(Path(payload.session.state_dir), mac=row_mac)
         else:
-            lock = statelock.acquire(Path(payload.session.state_dir))
+            lock = statelock.acquire(Path(payload.session.state_dir), row_mac)
     except statelock.StateDirLocked as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return EX_TEMPFAIL
     from driver import containment
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
-    from driver.queue.rowmac import RowMac, derive_key
-
-    row_mac = RowMac(derive_key(payload.control.token, payload.driver_instance_id))
     containment.track(Path(payload.session.state_dir), row_mac)
     from driver import keeper_state
 
     keeper_state.use_mac(row_mac)  # the keeper's record and turn files are authenticated the same way
+    keeper_state.use_payload(payload)  # a kept provider is adopted only under the payload that configured it
     from driver.hiding import private_paths
 
     containment.hide(*private_paths(payload, Path(boot_path)))

@@ -71,6 +71,7 @@ __all__ = [
     "report",
     "start_time",
     "started",
+    "state_visible",
     "take_degraded",
     "take_findings",
     "track",
@@ -84,6 +85,7 @@ _prefix_lock = threading.Lock()
 # first provider starts; the mount plan is made with the prefix, once.
 _private: tuple[list[Path], list[Path], list[Path]] = ([], [], [])
 _degraded: list[dict[str, Any]] = []
+_state_visible = False  # whether a hidden path (state_dir/driver/, the lock) stays visible to the provider
 
 
 def hide(
@@ -96,6 +98,26 @@ def hide(
     provider starts (the prefix is chosen then)."""
     global _private
     _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p], [Path(p) for p in scratch if p])
+
+
+def state_visible() -> bool:
+    """Whether the driver's own state (`state_dir/driver/`) is visible to the provider tree: the features
+    that rely on hiding check this to authenticate or refuse (PROTOCOL §9, per feature). Chosen with the
+    prefix: call `prefix()` first."""
+    return _state_visible
+
+
+def degraded_feature(feature: str, action: str, message: str) -> None:
+    """Say once, beside `containment.degraded`, how one feature meets a visible state (`refused`)."""
+    _degraded.append(
+        {
+            "code": "containment.degraded",
+            "severity": "warning",
+            "message": message,
+            "details": {"mode": mode_of(_prefix or []), "feature": feature, "action": action},
+        }
+    )
+    log.warning("containment.degraded", feature=feature, action=action)
 
 
 def take_degraded() -> list[dict[str, Any]]:
@@ -140,6 +162,9 @@ def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None 
     if not hidden:
         return  # nothing was asked to be hidden (benchmarks, unit tests): nothing is degraded
     visible = items if items is not None else [{"path": str(p), "reason": reason} for p in hidden]
+    global _state_visible
+    own = {str(p.resolve(strict=False)) for p in _private[0]}
+    _state_visible = _state_visible or items is None or any(i["path"] in own for i in visible)
     _degraded.append(
         {
             "code": "containment.degraded",

@@ -12,7 +12,8 @@ Unix socket, the output log and the input log.
 - Everything the provider writes on stdout is appended to the output log (offset = byte position) and
   forwarded to the connected driver. Everything a driver writes to the provider's stdin is appended to
   the input log before it is written. Each log is bounded (`log_max_bytes`); past the bound nothing
-  more is logged, and a driver asking to read from an unlogged offset is refused (it cannot reattach).
+  more is logged (never a later, smaller write: a log has no holes), the connected driver is told (`W`),
+  and `hello` says so (`full`, `in_full`) to the next one, which does not reattach from it.
   No fsync: a driver crash leaves the page cache intact, which is the failure this serves.
 - One driver at a time: a connection authenticates with the secret in its first frame; a new driver
   replaces the old one (the handover). With no driver, the provider's output is still drained and
@@ -24,7 +25,8 @@ Driver to keeper: A secret | R offset, split (8 bytes each): stream output from 
 crossing split | I data | E stdin EOF |
 S signal number (4 bytes): to the provider's group | T: end the provider tree and exit.
 Keeper to driver: H JSON {pid, out_size, in_size, exited} | O data (in order from R's offset) |
-X stderr data | Z JSON {status} | F reason (refused; the connection is closed).
+X stderr data | Z JSON {status} | W JSON {log, limit} (a log filled up) | F reason (refused; the
+connection is closed).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Keeper:
         self.out_size = os.fstat(self.out_log).st_size
         self.in_size = os.fstat(self.in_log).st_size
         self.out_full = False
+        self.in_full = False
         self.sel = selectors.DefaultSelector()
         self.client: Client | None = None
         self.pending: list[Client] = []
@@ -139,7 +142,9 @@ class Keeper:
                 self.send(frame(b"O", data))
         else:
             # Past the bound: a driver now streaming keeps receiving, but no new one can replay.
-            self.out_full = True
+            if not self.out_full:
+                self.out_full = True
+                self.say_full("out")
             if self.client is not None and self.client.streaming:
                 self.send(frame(b"O", data))
 
@@ -160,11 +165,19 @@ class Keeper:
     def write_stdin(self, data: bytes) -> None:
         if self.stdin < 0:
             return
-        if self.in_size + len(data) <= self.log_max:
+        if not self.in_full and self.in_size + len(data) <= self.log_max:
             os.write(self.in_log, data)
             self.in_size += len(data)
+        elif not self.in_full:
+            # Never a later, smaller write: what a successor reads must be every byte, or it knows.
+            self.in_full = True
+            self.say_full("in")
         self.to_stdin += data
         self.flush_stdin()
+
+    def say_full(self, log: str) -> None:
+        if self.client is not None and self.client.authed:
+            self.send(frame(b"W", json.dumps({"log": log, "limit": self.log_max}).encode()))
 
     def flush_stdin(self) -> None:
         while self.to_stdin and self.stdin >= 0:
@@ -274,7 +287,14 @@ class Keeper:
                 self.drop(self.client, b"replaced by another driver")
             self.client = client
             self.no_driver_since = None
-            hello = {"pid": self.pid, "out_size": self.out_size, "in_size": self.in_size, "full": self.out_full}
+            hello = {
+                "pid": self.pid,
+                "out_size": self.out_size,
+                "in_size": self.in_size,
+                "full": self.out_full,
+                "in_full": self.in_full,
+                "limit": self.log_max,
+            }
             self.send(frame(b"H", json.dumps(hello).encode()))
             if self.stderr_tail:
                 self.send(frame(b"X", bytes(self.stderr_tail)))

@@ -21,15 +21,43 @@ import anyio.abc
 from driver import containment
 from driver.adapters.base import ProviderError
 from driver.adapters.environment import child_env
-from driver.keeper_state import KeeperError, Record, _children, _write_json, discard, keeper_dir, socket_address
+from driver.keeper_state import (
+    KeeperError,
+    Record,
+    _children,
+    _write_json,
+    discard,
+    fingerprint,
+    keeper_dir,
+    socket_address,
+)
 
 KEEPER_PY = Path(__file__).with_name("keeper.py")
 CONNECT_TIMEOUT_S = 10.0
 
 
+_refusal_said = False
+
+
 def supported() -> bool:
-    """Reattach needs the PID namespace: its pid 1 (the keeper) ends every process in it."""
-    return containment.mode_of(containment.prefix()) == "pidns"
+    """Reattach needs the PID namespace: its pid 1 (the keeper) ends every process in it. And it needs
+    its files hidden (PROTOCOL §9, per feature): its logs are the provider's output and the driver's input
+    as the keeper wrote them, unauthenticated, which a successor would act on. Where the driver's state
+    is visible, reattach is refused, and said once (`containment.degraded{feature: reattach}`)."""
+    global _refusal_said
+    if containment.mode_of(containment.prefix()) != "pidns":
+        return False
+    if containment.state_visible():
+        if not _refusal_said:
+            _refusal_said = True
+            containment.degraded_feature(
+                "reattach",
+                "refused",
+                "reattach is refused: the keeper's logs would be visible to the provider's tools; "
+                "a driver restart ends the run driver.restarted",
+            )
+        return False
+    return True
 
 
 def keeper_prefix() -> list[str]:
@@ -88,9 +116,11 @@ async def launch(
         for fd in (out_fd, in_fd):
             if fd >= 0:
                 os.close(fd)
-    secret = secrets.token_hex(32)
+    # The secret is derived (keyed) from a nonce: the record keeps the nonce, never the secret itself.
+    nonce = secrets.token_hex(16)
+    record_fields = {"nonce": nonce, "runtime": runtime, "fingerprint": fingerprint()}
     config = {
-        "secret": secret,
+        "secret": Record(0, 0, 0, **record_fields).secret,
         "argv": argv,
         "env": child_env(env),  # the provider's, by value (driver/adapters/environment.py)
         "cwd": str(cwd),
@@ -114,6 +144,6 @@ async def launch(
         with contextlib.suppress(ProcessLookupError):
             bwrap.kill()
         raise KeeperError("the keeper did not start")
-    record = Record(bwrap.pid, keeper_pid, start, secret, runtime)
+    record = Record(bwrap.pid, keeper_pid, start, **record_fields)
     _write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
     return bwrap, record

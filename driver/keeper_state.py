@@ -1,11 +1,18 @@
 """What a keeper leaves under `state_dir/driver/keeper/` for the next driver process (PROTOCOL §8.2):
-`record.json` (the keeper's pid and start time, its bwrap's pid, the runtime, the secret), `turn.json`
+`record.json` (the keeper's pid and start time, its bwrap's pid, the runtime, the nonce its secret is
+derived from, the fingerprint of what configured the provider), `turn.json`
 (the run in flight, its thread, the output and input log offsets its turn started at), and reading the
 input log; and ending a recorded keeper. No I/O beyond these files and /proc.
 
 Both files carry a MAC (HMAC-SHA256 under the journal's key, driver/queue/rowmac.py), like
 `processes.json` (driver/containment.py): a file the driver did not write (an agent naming any same-uid
 pid as the keeper, or pointing a successor at other output) is not acted on, and is reported.
+
+No secret is persisted: the secret a driver authenticates to its keeper with is the HMAC of the
+record's nonce under the journal's key (`Record.secret`), which only a driver holding the control
+token can compute; the keeper got it on stdin. The fingerprint (`fingerprint`) is a keyed hash of the
+boot payload's part that configured the provider: a successor whose payload differs does not adopt the
+kept provider (driver/reattach.py).
 """
 
 from __future__ import annotations
@@ -18,13 +25,19 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from driver import containment
 from driver.queue.rowmac import UNKEYED, RowMac
 
+if TYPE_CHECKING:
+    from driver.protocol.boot import BootPayload
+
 # The journal's key, set once by the CLI (`use_mac`) before any keeper is started or looked for.
 _mac: RowMac = UNKEYED
+_configured: bytes = b""  # what configured the provider (`use_payload`), canonical JSON
 
 
 def use_mac(mac: RowMac) -> None:
@@ -32,8 +45,61 @@ def use_mac(mac: RowMac) -> None:
     _mac = mac
 
 
+# Fields of `execution` that do not configure the provider: how this process recovers a session, not
+# what the provider is. Everything else (runtime, agent command and env, model, system prompt,
+# permission policy, environment and its keys, provider options and upstreams, MCP servers, host
+# tools, skills, model proxy secrets and budgets, limits, revision) is in the fingerprint.
+_NOT_CONFIGURATION = ("native_resume", "recovery_messages", "native_checkpoint")
+_SESSION_FIELDS = ("cwd", "memory_dir", "additional_directories", "network")
+
+
+def use_payload(payload: BootPayload) -> None:
+    """Remember what configured the provider of this boot payload (PROTOCOL §8.2), for `fingerprint`."""
+    global _configured
+    execution = msgspec.to_builtins(payload.execution)
+    for name in _NOT_CONFIGURATION:
+        execution.pop(name, None)
+    session = msgspec.to_builtins(payload.session)
+    _configured = _canonical(
+        {"execution": execution, "session": {k: session.get(k) for k in _SESSION_FIELDS if k in session}}
+    )
+
+
+def fingerprint() -> str:
+    """A keyed hash of what configured the provider (never the values: the environment holds keys)."""
+    return _mac.of("keeper_payload", _configured).hex()
+
+
 def _mac_of(name: str, body: bytes) -> str:
     return _mac.of("keeper", name, body).hex()
+
+
+_notices: list[dict[str, Any]] = []
+
+
+def notice(payload: dict[str, Any]) -> None:
+    """A `diagnostic.reported` payload about a keeper, for the kernel to send (`take_notices`)."""
+    _notices.append(payload)
+
+
+def take_notices() -> list[dict[str, Any]]:
+    out = list(_notices)
+    _notices.clear()
+    return out
+
+
+def log_full(log: str, limit: int, *, refused: bool) -> None:
+    """Say that a keeper's log filled up (PROTOCOL §8.2): from there on a successor cannot reattach."""
+    which = "input" if log == "in" else "output"
+    then = "so this provider was not adopted" if refused else "a driver restart will end the run driver.restarted"
+    notice(
+        {
+            "code": "keeper.log_full",
+            "severity": "warning",
+            "message": f"the keeper's {which} log reached its {limit}-byte bound; {then}",
+            "details": {"log": log, "limit": limit, "refused": refused},
+        }
+    )
 
 
 class KeeperError(Exception):
@@ -70,8 +136,14 @@ class Record:
     bwrap_pid: int
     keeper_pid: int
     keeper_start: int
-    secret: str
+    nonce: str  # the secret is derived from it (`secret`): the record holds no secret
     runtime: str
+    fingerprint: str  # of what configured the provider (`fingerprint()` when it was started)
+
+    @property
+    def secret(self) -> str:
+        """What the driver authenticates to the keeper with: only a holder of the journal key derives it."""
+        return _mac.of("keeper_secret", self.nonce).hex()
 
     def alive(self) -> bool:
         return containment.start_time(self.keeper_pid) == self.keeper_start

@@ -39,6 +39,7 @@ from driver.keeper_state import (
     _zombie,
     discard,
     keeper_dir,
+    log_full,
     read_record,
     read_turn,
     socket_address,
@@ -64,6 +65,12 @@ __all__ = [
 
 HEADER = struct.Struct(">BI")
 _MAX_TAIL_LINES = 200
+LOG_MAX_BYTES = 512 * 1024 * 1024  # each of the keeper's logs (AGENT_DRIVER_KEEPER_LOG_BYTES: tests)
+
+
+def _log_max_bytes() -> int:
+    raw = os.environ.get("AGENT_DRIVER_KEEPER_LOG_BYTES", "")
+    return int(raw) if raw.isdigit() and 0 < int(raw) <= LOG_MAX_BYTES else LOG_MAX_BYTES
 
 
 class _Stdin(anyio.abc.ByteSendStream):
@@ -154,8 +161,10 @@ class KeptProcess:
         state_dir: Path,
         runtime: str,
         grace_ms: int,
-        log_max_bytes: int = 512 * 1024 * 1024,
+        log_max_bytes: int | None = None,
     ) -> KeptProcess:
+        if log_max_bytes is None:
+            log_max_bytes = _log_max_bytes()
         bwrap, record = await keeper_launch.launch(
             argv, env=env, cwd=cwd, state_dir=state_dir, runtime=runtime, grace_ms=grace_ms, log_max_bytes=log_max_bytes
         )
@@ -189,6 +198,12 @@ class KeptProcess:
             await stream.aclose()
             raise KeeperError(f"the keeper refused: {payload[:200].decode(errors='replace')}")
         hello = json.loads(payload)
+        full = "in" if hello.get("in_full") else "out" if hello.get("full") else None
+        if offset != 0 and full is not None:
+            # A predecessor's keeper whose log is incomplete: its facts cannot be trusted (PROTOCOL §8.2).
+            await stream.aclose()
+            log_full(full, int(hello.get("limit", 0) or 0), refused=True)
+            raise KeeperError(f"the keeper's {full} log filled up: it cannot be reattached")
         self = cls(state_dir, stream, reader, record, hello)
         start = self.attach_end if offset is None else offset
         self.consumed = self.line_end = start
@@ -220,6 +235,10 @@ class KeptProcess:
                     self._add_stderr(payload)
                 elif kind == ord("Z"):
                     self.returncode_raw = int(json.loads(payload).get("status", -9))
+                elif kind == ord("W"):
+                    full = json.loads(payload)
+                    log.warning("keeper.log_full", log=full.get("log"), limit=full.get("limit"))
+                    log_full(str(full.get("log")), int(full.get("limit", 0)), refused=False)
                 elif kind == ord("F"):
                     log.warning("keeper.refused", reason=payload[:200].decode(errors="replace"))
                     break

@@ -19,11 +19,12 @@ once: the predecessor may have sent them); those from output written after are s
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver import kept, logs
+from driver import keeper_state, kept, logs
 from driver.queue.schema import DERIVED_KINDS
 
 log = logs.get(__name__)
@@ -55,6 +56,12 @@ def prepare(state_dir: Path, runtime: str, grace_ms: int, active_runs: list[str]
     if grace_ms <= 0 or record.runtime != runtime or not record.alive() or not kept.supported():
         if kept.discard(state_dir):
             log.warning("keeper.discarded", keeper_pid=record.keeper_pid)
+        return None
+    if not hmac.compare_digest(record.fingerprint, keeper_state.fingerprint()):
+        # Configured by another boot payload (model, policy, key, upstreams, revision): not ours to adopt.
+        # Its tree ends; the run it carried ends driver.restarted (PROTOCOL §8.2).
+        kept.discard(state_dir)
+        log.warning("keeper.not_adopted", keeper_pid=record.keeper_pid, reason="boot payload differs")
         return None
     turn = kept.read_turn(state_dir)
     if turn is None:

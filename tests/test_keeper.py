@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import kept, reattach
+from driver import keeper_state, kept, reattach
 from driver.kept import KeeperError, KeptProcess
 
 ECHO = ["/bin/sh", "-c", 'while read -r l; do echo "got:$l"; done']
@@ -23,9 +23,13 @@ ENV = {"PATH": "/usr/bin:/bin"}
 pytestmark = pytest.mark.skipif(not kept.supported(), reason="needs the PID namespace (bwrap)")
 
 
-async def spawn(tmp: Path, argv: list[str] = ECHO, grace_ms: int = 30_000) -> KeptProcess:
+async def spawn(
+    tmp: Path, argv: list[str] = ECHO, grace_ms: int = 30_000, log_max_bytes: int | None = None
+) -> KeptProcess:
     (tmp / "cwd").mkdir(exist_ok=True)
-    return await KeptProcess.spawn(argv, env=ENV, cwd=tmp / "cwd", state_dir=tmp, runtime="test", grace_ms=grace_ms)
+    return await KeptProcess.spawn(
+        argv, env=ENV, cwd=tmp / "cwd", state_dir=tmp, runtime="test", grace_ms=grace_ms, log_max_bytes=log_max_bytes
+    )
 
 
 async def read_until(proc: KeptProcess, needle: bytes) -> bytes:
@@ -72,7 +76,9 @@ async def test_a_wrong_secret_is_refused(tmp_path: Path) -> None:
     try:
         record = kept.read_record(tmp_path)
         assert record is not None
-        forged = kept.Record(record.bwrap_pid, record.keeper_pid, record.keeper_start, "00" * 32, record.runtime)
+        forged = kept.Record(
+            record.bwrap_pid, record.keeper_pid, record.keeper_start, "00" * 16, record.runtime, record.fingerprint
+        )
         with pytest.raises(KeeperError, match="refused"):
             await KeptProcess.attach(tmp_path, forged, offset=0)
         # Silence is refused too (no secret within the keeper's 5 s), without disturbing the driver.
@@ -187,8 +193,10 @@ def test_the_plan_continues_only_a_sent_turn_of_an_active_run_and_ends_an_unusab
         assert start is not None
         folder = kept.keeper_dir(tmp_path)
         folder.mkdir(parents=True)
-        record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "secret": "00" * 32}
-        _write_json(folder / "record.json", record | {"runtime": "openai-app-server"})
+        record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "nonce": "00" * 16}
+        _write_json(
+            folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
+        )
         _write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "th-1", "offset": 10, "in_offset": 5})
         (folder / "in.log").write_bytes(b'{"id": 4, "method": "turn/start"}\n')
 
@@ -227,6 +235,10 @@ async def test_the_secret_is_in_no_argv_and_no_environment(tmp_path: Path) -> No
                 except PermissionError:
                     continue  # not dumpable: not even readable
                 assert secret not in data and bytes.fromhex(record.secret) not in data, (pid, name)
+        # Nor in any file: the record holds a nonce the secret is derived from under the journal key.
+        for path in kept.keeper_dir(tmp_path).iterdir():
+            if path.is_file():
+                assert secret not in path.read_bytes() and bytes.fromhex(record.secret) not in path.read_bytes()
         assert oct((kept.keeper_dir(tmp_path) / "record.json").stat().st_mode & 0o777) == "0o600"
         assert oct((kept.keeper_dir(tmp_path) / "sock").stat().st_mode & 0o777) == "0o600"
     finally:
@@ -263,7 +275,7 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
     import json
     import subprocess
 
-    from driver import containment, keeper_state
+    from driver import containment
     from driver.queue.rowmac import RowMac, derive_key
 
     containment.take_findings()
@@ -272,18 +284,24 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
         start = containment.start_time(sleeper.pid)
         folder = kept.keeper_dir(tmp_path)
         folder.mkdir(parents=True)
-        record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "secret": "00" * 32}
+        record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "nonce": "00" * 16}
         keeper_state.use_mac(RowMac(derive_key("token", "inst")))
-        keeper_state._write_json(folder / "record.json", record | {"runtime": "openai-app-server"})
+        keeper_state._write_json(
+            folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
+        )
         assert kept.read_record(tmp_path) is not None  # the driver's own file passes
         raw = json.loads((folder / "record.json").read_text())
         raw["value"]["keeper_pid"] = 1
         (folder / "record.json").write_text(json.dumps(raw))
         assert kept.read_record(tmp_path) is None
-        (folder / "record.json").write_text(json.dumps(record | {"runtime": "openai-app-server"}))  # no MAC
+        (folder / "record.json").write_text(
+            json.dumps(record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()})
+        )  # no MAC
         assert reattach.prepare(tmp_path, "claude-agent-sdk", 1000, ["run-1"]) is None
         assert sleeper.poll() is None, "a forged record made the driver kill a process"
-        keeper_state._write_json(folder / "record.json", record | {"runtime": "openai-app-server"})
+        keeper_state._write_json(
+            folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
+        )
         keeper_state.use_mac(RowMac(derive_key("other", "inst")))  # another key: not this driver's
         assert kept.read_record(tmp_path) is None
         assert [(f.table, f.key, f.reason) for f in containment.take_findings()] == [
@@ -319,3 +337,61 @@ async def test_a_state_dir_past_the_socket_path_limit_still_keeps_and_attaches(t
         await q.terminate()
     finally:
         kept.discard(deep)
+
+
+async def test_a_keeper_configured_by_another_payload_is_not_adopted(tmp_path: Path) -> None:
+    """PROTOCOL §8.2: the record carries a keyed fingerprint of what configured the provider; a successor
+    whose boot payload differs (here: the model) ends the kept tree instead of adopting it."""
+    import msgspec
+
+    from driver.protocol.boot import BootPayload
+
+    def payload(model: str) -> BootPayload:
+        raw = {
+            "protocol": 1,
+            "driver_instance_id": "drv-1",
+            "control": {"url": "ws://127.0.0.1:1/driver", "token": "t"},
+            "session": {"id": "s", "agent_id": "a", "kind": "cattle", "cwd": str(tmp_path), "state_dir": str(tmp_path)},
+            "execution": {"revision": "r", "runtime": "openai-app-server", "model": model},
+        }
+        return msgspec.convert(raw, BootPayload)
+
+    keeper_state.use_payload(payload("gpt-a"))
+    p = await spawn(tmp_path)
+    try:
+        record = kept.read_record(tmp_path)
+        assert record is not None and record.alive()
+        p.mark_turn("run-1", "th-1")
+        keeper_state.use_payload(payload("gpt-b"))
+        assert reattach.prepare(tmp_path, "test", 1000, ["run-1"]) is None
+        assert kept.read_record(tmp_path) is None
+        with anyio.fail_after(5):
+            while record.alive() and not kept._zombie(record.keeper_pid):  # noqa: ASYNC110 (polling /proc)
+                await anyio.sleep(0.02)
+    finally:
+        keeper_state.use_payload(payload("gpt-a"))
+        await p.terminate()
+        keeper_state._configured = b""
+
+
+async def test_a_full_input_log_says_so_and_is_never_reattached(tmp_path: Path) -> None:
+    """PROTOCOL §8.2: past its bound the input log takes nothing more (no holes), the driver is told
+    (`keeper.log_full`), and a successor's attach is refused instead of answering from it."""
+    keeper_state.take_notices()
+    p = await spawn(tmp_path, log_max_bytes=16)
+    try:
+        await p.stdin.send(b"one\n")
+        await p.stdin.send(b"a line too long for the log\n")
+        await p.stdin.send(b"two\n")  # smaller, but after the gap: not logged either
+        await read_until(p, b"got:two\n")  # the provider got every line; the keeper's frames came before
+        notices = keeper_state.take_notices()
+        assert {"log": "in", "limit": 16, "refused": False} in [n["details"] for n in notices], notices
+        assert {n["code"] for n in notices} == {"keeper.log_full"}
+        assert (kept.keeper_dir(tmp_path) / "in.log").read_bytes() == b"one\n"
+        record = kept.read_record(tmp_path)
+        assert record is not None
+        with pytest.raises(KeeperError, match="filled up"):
+            await KeptProcess.attach(tmp_path, record, offset=None)
+        assert keeper_state.take_notices()[0]["details"]["refused"] is True
+    finally:
+        await p.terminate()

@@ -61,20 +61,30 @@ def _payload(checkpoint_id: str, path: str, offset: int, data_b64: str, size: in
     }
 
 
-def file_chunks(checkpoint_id: str, path: str, data: bytes, offset: int, limit: int) -> list[dict[str, Any]]:
-    """`checkpoint.file` payloads for `data[offset:]`, each encoding to at most `limit` bytes (base64 has
-    no JSON escapes, so the size is exact: never cut by §4.3, which would corrupt the file)."""
-    size, digest = len(data), sha256_hex(data)
+def chunk_step(checkpoint_id: str, path: str, size: int, digest: str, limit: int) -> int:
+    """How many bytes of data one `checkpoint.file` payload of this file carries within `limit` (base64
+    has no JSON escapes, so the size is exact: never cut by §4.3, which would corrupt the file)."""
     # The widest offset any chunk carries sizes the room left for data.
     room = limit - _overhead(checkpoint_id, path, size, digest, size)
     step = (room // 4) * 3
     if step <= 0:
         raise ChunkTooSmall(f"max_event_bytes {limit} leaves no room for data of {path!r}")
+    return step
+
+
+def chunk_payload(checkpoint_id: str, path: str, offset: int, piece: bytes, size: int, digest: str) -> dict[str, Any]:
+    return _payload(checkpoint_id, path, offset, base64.b64encode(piece).decode("ascii"), size, digest)
+
+
+def file_chunks(checkpoint_id: str, path: str, data: bytes, offset: int, limit: int) -> list[dict[str, Any]]:
+    """`checkpoint.file` payloads for `data[offset:]`, each encoding to at most `limit` bytes."""
+    size, digest = len(data), sha256_hex(data)
+    step = chunk_step(checkpoint_id, path, size, digest, limit)
     out = []
     at = offset
     while True:
         piece = data[at : at + step]
-        out.append(_payload(checkpoint_id, path, at, base64.b64encode(piece).decode("ascii"), size, digest))
+        out.append(chunk_payload(checkpoint_id, path, at, piece, size, digest))
         at += len(piece)
         if at >= size:
             return out
@@ -83,13 +93,21 @@ def file_chunks(checkpoint_id: str, path: str, data: bytes, offset: int, limit: 
 def manifest(
     checkpoint_id: str, run_id: str | None, runtime: str, native_ref: str, files: dict[str, bytes]
 ) -> dict[str, Any]:
+    entries = [(p, len(d), sha256_hex(d)) for p, d in files.items()]
+    return manifest_of(checkpoint_id, run_id, runtime, native_ref, entries)
+
+
+def manifest_of(
+    checkpoint_id: str, run_id: str | None, runtime: str, native_ref: str, files: list[tuple[str, int, str]]
+) -> dict[str, Any]:
+    """The `checkpoint.recorded` body from each file's (path, size, sha256)."""
     return {
         "checkpoint_id": checkpoint_id,
         "run_id": run_id,
         "runtime": runtime,
         "native_ref": native_ref,
         "format": FORMAT,
-        "files": [{"path": p, "size": len(d), "sha256": sha256_hex(d)} for p, d in sorted(files.items())],
+        "files": [{"path": p, "size": n, "sha256": h} for p, n, h in sorted(files)],
     }
 
 

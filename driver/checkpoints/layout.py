@@ -32,7 +32,24 @@ Family = Literal["claude", "codex"]
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _DATE = re.compile(r"^\d{4}$|^\d{2}$")
 _CLAUDE_FOLDER_MAX = 200  # the CLI's limit before it appends a hash
+# What one session's folder may hold for a checkpoint (PROTOCOL §9: the folder is the agent's; a tree of a
+# million files, or one a thousand levels deep, is refused before it is walked further).
+MAX_FILES = 4096
+MAX_ENTRIES = 4 * MAX_FILES  # in any one folder walked (other sessions' files share a day's folder)
+MAX_DEPTH = 8  # folders below the session's own (a subagent's transcript is 1 deep)
 _ACP_AGENTS: dict[str, Family] = {"codex-acp": "codex", "claude-agent-acp": "claude", "claude-code-acp": "claude"}
+
+
+class TooMany(Exception):
+    """The session's folder holds more files, or deeper folders, than a checkpoint takes."""
+
+    def __init__(self, message: str, what: str, limit: int) -> None:
+        super().__init__(message)
+        self.what = what
+        self.limit = limit
+
+    def details(self, ref: str) -> dict[str, object]:
+        return {self.what: self.limit, "native_ref": ref}
 
 
 @dataclass(frozen=True)
@@ -136,7 +153,7 @@ def restore_path(family: Family, rel: str, cwd: str) -> str:
 def session_files(layout: Layout, ref: str) -> list[str]:
     """The allowlisted files of session `ref` that exist under the home, sorted. Symbolic links are
     never followed (the agent is not trusted: a link planted at a session path must not carry another
-    file into a checkpoint)."""
+    file into a checkpoint). `TooMany` past `MAX_FILES` files or `MAX_DEPTH` folders."""
     if not valid_ref(ref):
         return []
     found: list[str] = []
@@ -147,7 +164,10 @@ def session_files(layout: Layout, ref: str) -> list[str]:
             if _is_file(base / f"{ref}.jsonl"):
                 found.append(f"projects/{folder.name}/{ref}.jsonl")
             if _is_dir(base / ref):
-                found.extend(f"projects/{folder.name}/{ref}/{sub}" for sub in _walk(base / ref))
+                for sub in _walk(base / ref):
+                    found.append(f"projects/{folder.name}/{ref}/{sub}")
+                    if len(found) > MAX_FILES:
+                        raise TooMany(f"the session holds more than {MAX_FILES} files", "max_files", MAX_FILES)
     else:
         sessions = layout.home / "sessions"
         for year in _dirs(sessions):
@@ -161,11 +181,17 @@ def session_files(layout: Layout, ref: str) -> list[str]:
 
 
 def _entries(path: Path) -> list[os.DirEntry[str]]:
+    out: list[os.DirEntry[str]] = []
     try:
         with os.scandir(path) as it:
-            return list(it)
+            for entry in it:
+                out.append(entry)
+                if len(out) > MAX_ENTRIES:
+                    message = f"a folder of the session holds more than {MAX_ENTRIES} entries"
+                    raise TooMany(message, "max_entries", MAX_ENTRIES)
     except OSError:
         return []
+    return out
 
 
 def _dirs(path: Path) -> list[os.DirEntry[str]]:
@@ -186,10 +212,12 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _walk(root: Path, prefix: str = "") -> Iterator[str]:
+def _walk(root: Path, prefix: str = "", depth: int = 0) -> Iterator[str]:
     for entry in _entries(root):
         rel = f"{prefix}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
-            yield from _walk(Path(entry.path), rel + "/")
+            if depth >= MAX_DEPTH:
+                raise TooMany(f"the session's folders are deeper than {MAX_DEPTH}", "max_depth", MAX_DEPTH)
+            yield from _walk(Path(entry.path), rel + "/", depth + 1)
         elif entry.is_file(follow_symlinks=False):
             yield rel

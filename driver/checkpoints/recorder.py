@@ -12,7 +12,6 @@ so the next checkpoint sends whole files.
 from __future__ import annotations
 
 import os
-import stat
 import time
 import uuid
 from pathlib import Path
@@ -22,8 +21,8 @@ import anyio
 import msgspec
 
 from driver import logs
-from driver.checkpoints import chunks, layout
-from driver.ports.files import open_directory
+from driver.checkpoints import chunks, layout, source
+from driver.checkpoints.source import CheckpointError
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -33,31 +32,17 @@ log = logs.get("driver.checkpoints")
 SENT_KEY = "checkpoint_sent"
 
 
-class CheckpointError(Exception):
-    pass
-
-
 def read_file(home: Path, rel: str) -> bytes:
-    """The file's bytes, its directories walked and the file opened without following a link."""
-    parts = rel.split("/")
+    """The bytes of one session file (tests and tools; the recorder itself reads in pieces,
+    `driver.checkpoints.source`), within the checkpoint budget."""
+    fd = source.open_file(home, rel)
     try:
-        dir_fd = open_directory(home.resolve().joinpath(*parts[:-1]))
-    except OSError as exc:
-        raise CheckpointError(f"{rel}: {exc.strerror or exc}") from None
-    try:
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError as exc:
-        raise CheckpointError(f"{rel}: {exc.strerror or exc}") from None
+        size = os.fstat(fd).st_size
+        if size > chunks.MAX_CHECKPOINT_BYTES:
+            raise CheckpointError(f"{rel}: {size} bytes, over the {chunks.MAX_CHECKPOINT_BYTES}-byte limit")
+        return b"".join(source._read(fd, rel, 0, size, source.READ_BYTES))
     finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CheckpointError(f"{rel}: not a regular file")
-        return f.read(chunks.MAX_CHECKPOINT_BYTES + 1)
-
-
-def collect(home: Path, names: list[str]) -> dict[str, bytes]:
-    return {rel: read_file(home, rel) for rel in names}
+        os.close(fd)
 
 
 class Checkpointer:
@@ -101,29 +86,38 @@ class Checkpointer:
         if self.layout is None or current is None or current.runtime != k.boot.execution.runtime:
             return None
         ref, where = current.value, self.layout
-        names = await anyio.to_thread.run_sync(layout.session_files, where, ref)
+        try:
+            names = await anyio.to_thread.run_sync(layout.session_files, where, ref)
+        except layout.TooMany as exc:
+            await self._diagnose("checkpoint.too_large", f"the checkpoint was not taken: {exc}", exc.details(ref))
+            return None
         if not names:
             log.info("checkpoint.no_files", native_ref=ref)
-            return None
-        try:
-            files = await anyio.to_thread.run_sync(collect, where.home, names)
-        except CheckpointError as exc:
-            await self._diagnose("checkpoint.failed", f"the checkpoint was not taken: {exc}")
-            return None
-        total = sum(len(d) for d in files.values())
-        if total > chunks.MAX_CHECKPOINT_BYTES:
-            await self._diagnose(
-                "checkpoint.too_large",
-                f"the native session's files are {total} bytes, over the {chunks.MAX_CHECKPOINT_BYTES}-byte limit",
-                {"bytes": total, "limit": chunks.MAX_CHECKPOINT_BYTES, "native_ref": ref},
-            )
             return None
         if self._secrets is None:
             from driver.adapters.process import secret_values
 
             self._secrets = [s.encode() for s in secret_values(k.boot.execution.environment)]
         secrets = self._secrets
-        leaked = sorted(p for p, d in files.items() if any(s in d for s in secrets))
+        sent = chunks.decode_sent(await anyio.to_thread.run_sync(k.journal.text, SENT_KEY), ref)
+        try:
+            # Sizes first (nothing read), then one bounded pass per file (PROTOCOL §9: a sparse giant).
+            found = await anyio.to_thread.run_sync(source.survey, where.home, names)
+            facts = [
+                await anyio.to_thread.run_sync(source.digest, where.home, f, sent.get(f.rel), secrets) for f in found
+            ]
+        except source.TooLarge as exc:
+            await self._diagnose(
+                "checkpoint.too_large",
+                str(exc),
+                {"bytes": exc.total, "limit": exc.limit, "native_ref": ref},
+            )
+            return None
+        except CheckpointError as exc:
+            await self._diagnose("checkpoint.failed", f"the checkpoint was not taken: {exc}")
+            return None
+        total = sum(f.size for f in facts)
+        leaked = sorted(f.rel for f in facts if f.leaked)
         if leaked:
             # A credential of the execution is written in the session itself (e.g. a tool printed the
             # environment): no checkpoint may carry it, so none is taken. Names only, never the value.
@@ -134,31 +128,32 @@ class Checkpointer:
             )
             return None
         started = time.monotonic()
-        sent = chunks.decode_sent(await anyio.to_thread.run_sync(k.journal.text, SENT_KEY), ref)
         checkpoint_id = f"ckpt-{uuid.uuid4().hex}"
-        body = chunks.manifest(checkpoint_id, run_id, k.boot.execution.runtime, ref, files)
+        entries = [(f.rel, f.size, f.sha256) for f in facts]
+        body = chunks.manifest_of(checkpoint_id, run_id, k.boot.execution.runtime, ref, entries)
         if len(msgspec.json.encode(body)) > k.max_event_bytes:
             # §4.3 would cut the manifest's file list, and a cut manifest restores nothing: none is sent.
             await self._diagnose(
                 "checkpoint.too_large",
-                f"the manifest of {len(files)} files does not fit max_event_bytes ({k.max_event_bytes})",
-                {"files": len(files), "limit": k.max_event_bytes, "native_ref": ref},
+                f"the manifest of {len(facts)} files does not fit max_event_bytes ({k.max_event_bytes})",
+                {"files": len(facts), "limit": k.max_event_bytes, "native_ref": ref},
             )
             return None
-        new_sent: dict[str, chunks.Sent] = {}
+        try:
+            steps = {f.rel: chunks.chunk_step(checkpoint_id, f.rel, f.size, f.sha256, k.max_event_bytes) for f in facts}
+        except chunks.ChunkTooSmall as exc:
+            await self._diagnose("checkpoint.failed", f"the checkpoint was not taken: {exc}")
+            return None
         sent_bytes = 0
-        for rel, data in sorted(files.items()):
-            offset = chunks.resume_offset(data, sent.get(rel))
-            if offset is not None:
-                try:
-                    pieces = chunks.file_chunks(checkpoint_id, rel, data, offset, k.max_event_bytes)
-                except chunks.ChunkTooSmall as exc:
-                    await self._diagnose("checkpoint.failed", f"the checkpoint was not taken: {exc}")
-                    return None
-                for payload in pieces:
-                    await k.emit("checkpoint.file", payload)
-                sent_bytes += len(data) - offset
-            new_sent[rel] = chunks.Sent(len(data), chunks.sha256_hex(data))
+        for f in sorted(facts, key=lambda f: f.rel):
+            if f.offset is None:
+                continue
+            try:
+                sent_bytes += await self._send_file(checkpoint_id, where.home, f, steps[f.rel], secrets)
+            except CheckpointError as exc:
+                await self._diagnose("checkpoint.failed", f"the checkpoint was not taken: {exc}")
+                return None
+        new_sent = {f.rel: chunks.Sent(f.size, f.sha256) for f in facts}
         event_id = await k.emit("checkpoint.recorded", body)
         await anyio.to_thread.run_sync(k.journal.set_text, SENT_KEY, chunks.encode_sent(ref, new_sent))
         self.recorded += 1
@@ -167,12 +162,33 @@ class Checkpointer:
             "checkpoint.recorded",
             checkpoint_id=checkpoint_id,
             run_id=run_id,
-            files=len(files),
+            files=len(facts),
             bytes=total,
             sent_bytes=sent_bytes,
             ms=round((time.monotonic() - started) * 1000, 1),
         )
         return event_id
+
+    async def _send_file(self, checkpoint_id: str, home: Path, f: source.Facts, step: int, secrets: list[bytes]) -> int:
+        """Emit one file's chunks from its offset, read `step` bytes at a time (at most one chunk of it in
+        memory); a file never sent goes out as at least one (maybe empty) chunk. Returns the bytes sent."""
+        pieces = await anyio.to_thread.run_sync(source.Pieces, home, f, step, secrets)
+        at = f.offset or 0
+        try:
+            while True:
+                piece = await anyio.to_thread.run_sync(pieces.next)
+                if piece is None and at > (f.offset or 0):
+                    break
+                data = piece or b""
+                payload = chunks.chunk_payload(checkpoint_id, f.rel, at, data, f.size, f.sha256)
+                await self.k.emit("checkpoint.file", payload)
+                at += len(data)
+                if piece is None:
+                    break
+            pieces.check()
+        finally:
+            pieces.close()
+        return at - (f.offset or 0)
 
     async def _diagnose(self, code: str, message: str, details: dict[str, object] | None = None) -> None:
         try:

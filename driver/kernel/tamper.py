@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from driver import containment, logs
+from driver import containment, keeper_state, logs
 from driver.queue.journal_rows import Finding
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ class TamperReports:
             findings = self.take()
             for payload in diagnostics(findings):
                 log.error("journal.tampered", **payload["details"])
+                await self.k.emit("diagnostic.reported", payload)
+            for payload in keeper_state.take_notices():  # a keeper's log that filled up (PROTOCOL §8.2)
                 await self.k.emit("diagnostic.reported", payload)
             with anyio.move_on_after(POLL_S):
                 await self._wake.wait()

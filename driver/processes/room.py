@@ -28,7 +28,7 @@ from driver.processes import spawn as spawning
 from driver.processes.output import Output, must_wait
 from driver.processes.proc import Proc
 from driver.processes.ring import plan_replay
-from driver.processes.ringfile import RingFile, folder, leftovers, reset_folder
+from driver.processes.ringfile import RingFile, RingTampered, folder, leftovers, reset_folder
 from driver.processes.spec import MAX_PROCESSES, SIGNALS, SpecError, argv_of, env_of, exit_info
 from driver.processes.text import TAIL_BYTES, tail_of
 from driver.protocol import commands as cmds
@@ -57,7 +57,9 @@ class ProcessRoom:
         self.k = kernel
         state_dir = Path(kernel.boot.session.state_dir)
         # What a dead predecessor left running died with it: each still gets its process.exited.
-        self._leftovers = leftovers(folder(state_dir))
+        # The rings are authenticated under the journal's key (PROTOCOL §9: where they are not hidden).
+        self._mac = kernel.journal.mac
+        self._leftovers = leftovers(folder(state_dir), self._mac)
         self.root = reset_folder(state_dir)
         self.procs: dict[str, Proc] = {}
         self._exited: deque[str] = deque()
@@ -155,7 +157,7 @@ class ProcessRoom:
             self._forget(old)
         self._generation += 1
         try:
-            ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid)
+            ring = RingFile(self.root, c.process_id, self._generation, pid=spawned.proc.pid, mac=self._mac)
         except OSError as exc:  # the disk: the process must not run unrecorded
             handle.send_signal(spawned, signal.SIGKILL, pty=pty is not None)
             await handle.wait_exit(spawned)
@@ -236,7 +238,14 @@ class ProcessRoom:
         if from_offset > total:
             raise CommandFailed("process.offset_ahead", f"from_offset {from_offset} is past the output ({total} bytes)")
         plan = plan_replay(from_offset, total, p.ring.capacity)
-        data = p.ring.read(plan.start, plan.end)  # read at once: the ring may turn while this is sent
+        try:
+            data = p.ring.read(plan.start, plan.end)  # read at once: the ring may turn while this is sent
+        except RingTampered as exc:
+            # Not the driver's bytes (PROTOCOL §9): nothing of them is sent, and the finding is reported.
+            containment.report("process_rings", p.process_id, "mac")
+            raise CommandFailed(
+                "process.ring_tampered", f"the output ring failed its check ({exc}); nothing sent"
+            ) from None
         await self.output.send(p, plan.start, data, truncated_before=plan.truncated_before)
         return {"from_offset": plan.start, "to_offset": plan.end, "truncated_before": plan.truncated_before}
 
@@ -280,7 +289,11 @@ class ProcessRoom:
         info = exit_info(code if code is not None else -signal.SIGKILL)
         total = p.ring.total
         start = max(0, total - TAIL_BYTES)
-        tail = tail_of(p.ring.read(start, total), cut=start > 0)
+        try:
+            tail = tail_of(p.ring.read(start, total), cut=start > 0)
+        except RingTampered:
+            containment.report("process_rings", p.process_id, "mac")
+            tail = ""
         await self.k.emit(
             "process.exited",
             {

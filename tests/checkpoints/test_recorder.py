@@ -148,3 +148,54 @@ async def test_a_manifest_that_would_be_cut_is_never_sent(kernel: Kernel, tmp_pa
     assert await Checkpointer(kernel).after_run("run-1") is None  # type: ignore[arg-type]
     [(kind, payload)] = kernel.emitted
     assert (kind, payload["code"], payload["details"]["files"]) == ("diagnostic.reported", "checkpoint.too_large", 28)
+
+
+def test_sizes_are_measured_before_reading_and_odd_files_are_refused(tmp_path: Path) -> None:
+    """PROTOCOL §9 (driver/checkpoints/source.py): the survey sums `fstat` sizes against the budget before a
+    byte is read, and a fifo, a link or a device is refused rather than opened for reading."""
+    import os
+
+    from driver.checkpoints import layout, source
+
+    home = tmp_path / "home"
+    (home / "s").mkdir(parents=True)
+    for i in range(2):
+        with (home / "s" / f"giant{i}").open("wb") as f:
+            f.truncate(chunks.MAX_CHECKPOINT_BYTES // 2 + 1)  # sparse: no disk
+    with pytest.raises(source.TooLarge) as too_large:
+        source.survey(home, ["s/giant0", "s/giant1"])
+    assert too_large.value.total == chunks.MAX_CHECKPOINT_BYTES + 2
+    os.mkfifo(home / "s" / "fifo")
+    (home / "s" / "link").symlink_to(home / "s" / "giant0")
+    for name in ("fifo", "link"):
+        with pytest.raises(source.CheckpointError):
+            source.survey(home, [f"s/{name}"])
+    with pytest.raises(source.CheckpointError, match="not a regular file"):
+        source.survey(Path("/"), ["dev/zero"])  # a device
+    # Folders deeper than a session's, or more files than one holds, are refused while walking.
+    deep = home / "projects" / "-w" / REF
+    (deep / "/".join(f"d{i}" for i in range(layout.MAX_DEPTH + 1))).mkdir(parents=True)
+    (home / "projects" / "-w" / f"{REF}.jsonl").write_text("{}\n")
+    with pytest.raises(layout.TooMany):
+        layout.session_files(layout.Layout("claude", home), REF)
+
+
+async def test_a_file_that_changes_between_its_passes_fails_the_checkpoint(
+    kernel: Kernel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's sha256 is of what was measured; bytes sent that hash otherwise fail the checkpoint
+    (`checkpoint.failed`) instead of recording a manifest the sent bytes do not match."""
+    from driver.checkpoints import source
+
+    f = rollout(tmp_path)
+    f.write_bytes(b"a" * 5000)
+    real = source.Pieces
+
+    def swapped(*args: Any) -> source.Pieces:
+        f.write_bytes(b"b" * 5000)  # the agent rewrites the file between the digest and the send
+        return real(*args)
+
+    monkeypatch.setattr(source, "Pieces", swapped)
+    assert await Checkpointer(kernel).after_run("run-1") is None  # type: ignore[arg-type]
+    codes = [p["code"] for k, p in kernel.emitted if k == "diagnostic.reported"]
+    assert codes == ["checkpoint.failed"] and not [k for k, _ in kernel.emitted if k == "checkpoint.recorded"]

@@ -197,9 +197,11 @@ async def test_a_replay_past_the_ring_says_truncated_before(tmp_path: Path, driv
             assert e["offset"] == at and set(e["data"]) == {"a"}
             at += len(e["data"])
         assert at == size
-        # The ring is the newest 1 MiB, in the driver's hidden folder.
+        # The ring is the newest 1 MiB (in 4 KiB blocks, one more than that), in the driver's hidden folder,
+        # with a MAC per block and its trailer (driver/processes/ringfile.py).
         rings = list((tmp_path / "state" / "driver" / "processes").glob("*.ring"))
-        assert len(rings) == 1 and rings[0].stat().st_size == 1024 * 1024 + 8  # and the output's length
+        slots = 1024 * 1024 // 4096 + 1
+        assert len(rings) == 1 and rings[0].stat().st_size == slots * (4096 + 32) + 16 + 32
 
 
 async def test_environment_and_cwd_admission(tmp_path: Path, drivers: list[DriverProcess]) -> None:

@@ -329,3 +329,52 @@ async def test_a_refused_checkpoint_makes_the_next_one_send_whole_files(tmp_path
             assert third and third[0]["offset"] == 0  # the whole file again
         finally:
             d.close()
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.provider
+async def test_sparse_giants_in_the_session_folder_are_refused_before_a_byte_is_read(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """PROTOCOL §9: the agent's shell makes six sparse 64 MiB files (no disk) in its own native session's
+    folder; the next checkpoint measures them first and refuses (`checkpoint.too_large`) without reading
+    them: the driver's peak RSS grows by far less than one of them (384 MiB before the fix)."""
+    runtime = "claude-agent-sdk"
+    home = tmp_path / "state" / "providers" / runtime / "claude-config"
+    script = (
+        f'for f in {home}/projects/*/*.jsonl; do s="${{f%.jsonl}}/tool-results"; mkdir -p "$s"; '
+        f'for i in 1 2 3 4 5 6; do truncate -s 64M "$s/giant$i.txt"; done; done; '
+        f"ls {home}/projects/*/*/tool-results > {tmp_path / 'cwd' / 'made.txt'}"
+    )
+    async with control_plane(sandbox(tmp_path)) as cp:
+        payload = boot_payload(runtime, tmp_path, cp.url, fakes)
+        payload["execution"]["permission_policy"] = "full_access"
+        d = Driver(tmp_path, payload)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            before = peak_rss_kib(d.pid)
+            status = await turn(cp, "run-1", f"[[shell:{script}]]", timeout=90)
+            assert status["status"] == "completed", status
+            made = (tmp_path / "cwd" / "made.txt").read_text().split()
+            assert len(made) == 6, made  # the tool did make them, in the session's folder
+            diag = await cp.wait_for_event(
+                INSTANCE,
+                lambda e: e["kind"] == "diagnostic.reported" and e["payload"]["code"].startswith("checkpoint."),
+                timeout=60,
+            )
+            assert diag["payload"]["code"] == "checkpoint.too_large", diag
+            assert diag["payload"]["details"]["bytes"] >= 6 * 64 * 1024 * 1024
+            assert kinds_of(cp, "checkpoint.recorded") == []
+            grown_mib = (peak_rss_kib(d.pid) - before) / 1024
+            assert grown_mib < 32, f"the driver's peak RSS grew {grown_mib:.0f} MiB"
+            # The driver goes on: the next run completes.
+            assert (await turn(cp, "run-2", "say ok"))["status"] == "completed"
+        finally:
+            d.close()

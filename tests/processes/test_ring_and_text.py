@@ -173,3 +173,33 @@ def test_output_waits_for_the_link_and_the_lossless_path_only_while_the_link_is_
     assert _waits(commands=("process.input", "session.reset"))  # its command.finished goes first
     assert not _waits(commands=("process.input",))  # a keystroke's echo never waits for its own command
     assert not _waits(link_up=False, best_effort=PACE_EVENTS, lossless=3)  # the ring keeps it for a replay
+
+
+def test_a_ring_the_driver_did_not_write_is_never_read(tmp_path: Path) -> None:
+    """PROTOCOL §9 (degraded containment): every block read is checked against its MAC, and so are a
+    dead driver's records and rings; a forged one is skipped, never replayed or reported as an exit."""
+    from driver.processes.ringfile import RingTampered
+    from driver.queue.rowmac import RowMac, derive_key
+
+    mac = RowMac(derive_key("token", "drv"))
+    ring = RingFile(tmp_path, "p", 1, capacity=8192, pid=10, mac=mac)
+    ring.append(b"a" * 5000)
+    assert ring.read(0, 5000) == b"a" * 5000
+    with ring.path.open("r+b") as f:  # the agent rewrites a byte of the first block
+        f.write(b"X")
+    with pytest.raises(RingTampered):
+        ring.read(0, 10)
+    assert ring.read(4096, 5000) == b"a" * 904  # the other block is still the driver's
+    ring.append(b"b" * 100)  # the block being filled is rewritten from the driver's own copy
+    assert ring.read(4096, 5100) == b"a" * 904 + b"b" * 100
+    ring.close()
+    # A successor: the ring's first block fails, so the process is not reported from it.
+    assert leftovers(tmp_path, mac) == []
+    # A record the agent planted (no MAC, or another key's) names nothing.
+    forged = RingFile(tmp_path, "planted", 2, pid=11)  # written under another key
+    forged.append(b"forged")
+    forged.close()
+    honest = RingFile(tmp_path, "honest", 3, pid=12, mac=mac)
+    honest.append(b"bye")
+    honest.close()
+    assert [left.process_id for left in leftovers(tmp_path, mac)] == ["honest"]
