@@ -238,7 +238,7 @@ class CommandDesk:
             return
         match command:
             case cmds.InputStart():
-                if not await self.run_ids.claim(command.run_id):
+                if not self.run_ids.claim(command.run_id):
                     await fail(run_ids.DUPLICATE, f"run {command.run_id} was already run or is held: one run per id")
                     return
                 taken = False

@@ -6,8 +6,10 @@ is journaled there as started before its `run.started`, and a queued run that is
 durable memory, bounded like that table (the newest `RUNS_KEPT` ended runs, plus every active one); the
 queue holds the runs waiting; this module holds the claims of commands on their way in.
 
-The claim is taken before the first await (the journal is read in a worker thread), so two
-`input.start`s of one run id in a burst cannot both pass the check. A command refused without running
+The claim is one synchronous step (the journal's `runs` table is read on the event loop, one indexed
+row, as the command desk reads a command's stored status): two `input.start`s of one run id in a burst
+cannot both pass the check, and a burst of queued runs reaches the queue's reservation in arrival
+order (a read in a worker thread let later commands overtake earlier ones there). A command refused without running
 or holding its run (`driver.run_active`, `driver.queue_full`, `driver.busy`, a failure) gives its
 claim back: a retry with the same run id is not a duplicate.
 """
@@ -16,8 +18,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import TYPE_CHECKING
-
-import anyio
 
 from driver.queue.schema import RUNS_KEPT
 
@@ -38,19 +38,15 @@ class RunIds:
         run = self.k.run
         return (run is not None and run.run_id == run_id) or self.k.runs.queue.find(run_id) is not None
 
-    async def claim(self, run_id: str) -> bool:
-        """Take `run_id` for a new run (False: it is not new)."""
+    def claim(self, run_id: str) -> bool:
+        """Take `run_id` for a new run (False: it is not new). No await: check and take are one step."""
         if run_id in self._claimed or self._live(run_id):
             return False
-        self._claimed[run_id] = None  # before the first await: check and take are one step
+        known = self.k.journal.run_known(run_id)
+        self._claimed[run_id] = None  # a known one stays claimed: it is a duplicate for good
         while len(self._claimed) > RUNS_KEPT:
             self._claimed.popitem(last=False)
-        try:
-            known = await anyio.to_thread.run_sync(self.k.journal.run_known, run_id)
-        except BaseException:
-            self.release(run_id)
-            raise
-        return not known  # a known one stays claimed: it is a duplicate for good
+        return not known
 
     def release(self, run_id: str) -> None:
         """The command that claimed `run_id` neither ran nor holds its run."""
