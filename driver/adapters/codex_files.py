@@ -46,9 +46,12 @@ def _anchored(config: AdapterConfig, name: str) -> tuple[Path, Path]:
 def _folder(root: Path, relative: Path) -> Path:
     """`root/relative` as a folder made without following a link; what stands there otherwise (a file,
     a link the agent planted) is set aside first."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the trusted root itself (the driver's layout)
     try:
         return agent_files.make_folder(root, relative)
     except agent_files.AgentFileError:
+        if not os.path.lexists(root / relative):
+            raise
         aside = agent_files.set_aside(root / relative)
         log.warning("codex.folder_set_aside", path=str(relative), set_aside_as=aside.name)
         return agent_files.make_folder(root, relative)

@@ -91,7 +91,9 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
     it is opened below `root` (default: its parent) without following a link, and every link is made,
     read and removed relative to that descriptor, so a link planted in its place is never followed."""
     relative = folder.relative_to(root) if root is not None else Path(folder.name)
-    path_fd = agent_files.open_folder(root if root is not None else folder.parent, relative, create=True)
+    start = root if root is not None else folder.parent
+    start.mkdir(parents=True, exist_ok=True)  # the trusted start of the walk (the runtime's config folder)
+    path_fd = agent_files.open_folder(start, relative, create=True)
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
     finally:
