@@ -20,7 +20,7 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from driver import logs
+from driver import logs, tasks
 from driver.protocol.batching import BatchLimit
 from driver.protocol.boot import ControlConfig
 from driver.protocol.frames import (
@@ -224,8 +224,8 @@ class Link:
             finally:
                 self.first_dial_done.set()
             self.core.connected(self._clock())
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watchdog, ws, tg.cancel_scope)
+            async with tasks.within("link connection") as tg:
+                tg.spawn(self._watchdog, ws, tg.cancel_scope)
                 async for raw in ws:
                     data = raw.encode() if isinstance(raw, str) else raw
                     await self._handle(ws, data, tg)
@@ -264,7 +264,7 @@ class Link:
         log.info("link.closed", code=code, sent=sent, reaction=reaction.reason, outbox=self._outbox.describe())
         return reaction
 
-    async def _handle(self, ws: ClientConnection, data: bytes, tg: anyio.abc.TaskGroup) -> None:
+    async def _handle(self, ws: ClientConnection, data: bytes, tg: tasks.Tasks) -> None:
         try:
             frame = decode_inbound(data)
         except FrameError as exc:
@@ -283,8 +283,8 @@ class Link:
             self._outbox.on_link_up()
             await self._hook("on_welcome", self._hooks.on_welcome, frame)
             self.connected.set()
-            tg.start_soon(self._sender, ws, frame)
-            tg.start_soon(self._heartbeats, ws, frame)
+            tg.spawn(self._sender, ws, frame)
+            tg.spawn(self._heartbeats, ws, frame)
         elif isinstance(frame, Receipt):
             finals = self._outbox.on_receipt(frame)
             if finals:

@@ -6,6 +6,12 @@ for a started adapter and so waits for a start or a replacement in progress, fai
 crash loop is declared, and fails with the start's own error when the provider could not start.
 Replacing an adapter is idempotent per adapter object, so the run path (which saw the crash as an
 error) and the exit watcher (which saw the process go) never count one crash twice.
+
+Building an adapter prepares what the agent can break (its home under `state_dir/providers/`): a
+build that raises is a failed start like any other (`provider.start_failed`, retried with backoff,
+counted by the crash-loop guard), never an exception out of the supervisor (issue 30: a home
+replaced by a file made every later start exit 70). The supervisor's own tasks run on the kernel's
+supervision boundary (driver.tasks).
 """
 
 from __future__ import annotations
@@ -14,15 +20,16 @@ import contextlib
 import signal
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
-import anyio.abc
 
-from driver import containment, logs
-from driver.adapters.base import Adapter, ProviderError
+from driver import containment, guard, logs
+from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+from driver.protocol.commands import RunInput
 from driver.supervision import CrashWindow
+from driver.tasks import Tasks
 
 log = logs.get("driver.supervisor")
 
@@ -36,6 +43,32 @@ class Attempt:
         self.done = anyio.Event()
         self.error: ProviderError | None = None
         self.adapter: Adapter | None = None
+
+
+class Unbuilt(Adapter):
+    """What stands for an adapter whose build raised: its start fails with the build's error (so the
+    failure takes the path of every failed start), and it has no process to signal or stop."""
+
+    runtime = "unbuilt"
+    capabilities = frozenset()
+
+    def __init__(self, error: ProviderError) -> None:  # no config, no ports: nothing was built
+        self.error = error
+
+    async def start(self) -> None:
+        raise self.error
+
+    async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
+        raise self.error
+
+    async def cancel(self) -> None:
+        return None
+
+    async def reset(self) -> tuple[str | None, str | None]:
+        raise self.error
+
+    async def stop(self) -> None:
+        return None
 
 
 class ProviderSupervisor:
@@ -52,8 +85,11 @@ class ProviderSupervisor:
         on_exited: Callable[[Adapter], Awaitable[None]] | None = None,
         on_starting: Callable[[], None] = lambda: None,
         on_started: Callable[[ProviderError | None], None] = lambda error: None,
+        notes: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self._new_adapter = new_adapter
+        # Diagnostics the last build has to say (a home set aside): said as its start begins.
+        self._notes = notes
         self._emit = emit
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -66,18 +102,35 @@ class ProviderSupervisor:
         # Told when each start begins and how it ended (timings and the provider-start span).
         self._on_starting = on_starting
         self._on_started = on_started
-        self.adapter: Adapter = new_adapter()
+        self.adapter: Adapter = self._build()
         self.attempt = Attempt()
         self.start_ms: float | None = None
         self.starts = 0
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg: Tasks | None = None
         self._retired: weakref.WeakSet[Adapter] = weakref.WeakSet()
         self._watch_scope: anyio.CancelScope | None = None
         self._replace_scope: anyio.CancelScope | None = None
         self._stopping = False
 
-    def bind(self, tg: anyio.abc.TaskGroup) -> None:
+    def bind(self, tg: Tasks) -> None:
         self._tg = tg
+
+    def rebuild(self) -> None:
+        """Build the adapter again before its first start (a checkpoint restored its session)."""
+        self.adapter = self._build()
+
+    def _build(self) -> Adapter:
+        """A new adapter; an `Unbuilt` one carrying the error when building it raised."""
+        try:
+            return self._new_adapter()
+        except ProviderError as exc:
+            log.error("provider.build_failed", code=exc.code, message=exc.message)
+            return Unbuilt(exc)
+        except Exception as exc:
+            kind, text = guard.describe(exc)
+            log.error("provider.build_failed", error_type=kind, error=text, exc_info=True)
+            message = f"the provider could not be prepared: {kind}: {text}"
+            return Unbuilt(ProviderError("provider.start_failed", message, retryable=True))
 
     # -- starting --------------------------------------------------------------------------------
     async def boot(self) -> None:
@@ -85,14 +138,30 @@ class ProviderSupervisor:
         scope = anyio.CancelScope()
         self._replace_scope = scope
         attempt = self.attempt
-        with scope:
+        with scope, self._settling():
             await self._start(attempt)
         if scope.cancel_called and not attempt.done.is_set():
             attempt.error = ProviderError("driver.stopping", "the driver is stopping", retryable=True)
             attempt.done.set()
 
+    @contextlib.contextmanager
+    def _settling(self) -> Iterator[None]:
+        """A bug in a start or a replacement must not leave inputs waiting on it forever: the current
+        attempt ends failed, and the exception goes on to the boundary, which reports it."""
+        try:
+            yield
+        except Exception as exc:
+            attempt = self.attempt
+            if not attempt.done.is_set():
+                message = guard.error_message("provider start", exc)
+                attempt.error = ProviderError(guard.INTERNAL_ERROR, message, retryable=True)
+                attempt.done.set()
+            raise
+
     async def _start(self, attempt: Attempt) -> None:
         adapter = self.adapter
+        for note in self._notes():
+            await self._diagnostic(note["code"], note["severity"], note["message"], note.get("details"))
         t0 = time.monotonic()
         self._on_starting()
         error: ProviderError | None = None
@@ -172,7 +241,7 @@ class ProviderSupervisor:
             else:
                 self.lost(adapter, "the provider exited", crashed=True)
 
-        self._tg.start_soon(watch)
+        self._tg.spawn(watch)
 
     def unwatch(self) -> None:
         """Stop watching the current adapter (before an intentional stop or a reset that respawns)."""
@@ -197,12 +266,12 @@ class ProviderSupervisor:
         attempt = keep_attempt if keep_attempt is not None else Attempt()
         self.attempt = attempt
         assert self._tg is not None
-        self._tg.start_soon(self._replace, adapter, reason, crashed, attempt)
+        self._tg.spawn(self._replace, adapter, reason, crashed, attempt)
 
     async def _replace(self, old: Adapter, reason: str, crashed: bool, attempt: Attempt) -> None:
         scope = anyio.CancelScope()
         self._replace_scope = scope
-        with scope:
+        with scope, self._settling():
             await self._stop_adapter(old)
             delay = 0.0
             if crashed:
@@ -222,7 +291,7 @@ class ProviderSupervisor:
             await anyio.sleep(delay)
             if self._stopping:
                 return
-            self.adapter = self._new_adapter()
+            self.adapter = self._build()
             # A kept (failed) attempt stays visible during the backoff; the new start gets its own.
             if attempt.done.is_set():
                 attempt = Attempt()

@@ -110,6 +110,13 @@ def test_the_daemon_declares_exactly_what_it_imports(wheels: tuple[Path, Path]) 
     optional = {m for m in imports if m.split(".")[0] == "opentelemetry"}
     core = {distribution_of(m) for m in imports if m not in optional}
     extra = {distribution_of(m) for m in optional}
+    # Not imported but run: the Claude Code CLI that claude-agent-sdk ships (the driver speaks its wire).
+    from driver.adapters.claude_options import bundled_cli
+
+    cli = bundled_cli()
+    assert cli is not None and distribution_of("claude_agent_sdk") == "claude-agent-sdk"
+    assert "_bundled" in cli.parts and "claude_agent_sdk" in cli.parts
+    core.add("claude-agent-sdk")
     assert declared.get(None) == core, f"core: declared {declared.get(None)}, imported {core}"
     assert declared.get("telemetry") == extra, f"telemetry: declared {declared.get('telemetry')}, imported {extra}"
 

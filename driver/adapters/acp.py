@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import anyio
 import msgspec
 
-from driver import logs
+from driver import logs, tasks
 from driver.adapters import acp_fs, acp_permissions, acp_prompt, acp_state
 from driver.adapters import acp_models as m
 from driver.adapters.acp_followup import FollowUp, FollowUps, deliver_all
@@ -153,7 +153,7 @@ class AcpAdapter(AcpResumer):
         and runs the whole turn. Re-sending it (a notification, harmless when repeated) closes that gap.
         """
         answer: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
+        async with tasks.within("acp prompt") as tg:
 
             async def nudge() -> None:
                 await self._cancel_event.wait()
@@ -161,7 +161,7 @@ class AcpAdapter(AcpResumer):
                     await anyio.sleep(CANCEL_RESEND_INTERVAL)
                     await self._send_cancel()
 
-            tg.start_soon(nudge)
+            tg.spawn(nudge)
             try:
                 params: dict[str, Any] = {"sessionId": self._session_id, "prompt": prompt}
                 if traceparent := tracing.run_traceparent():

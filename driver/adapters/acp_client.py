@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from driver import guard, logs
+from driver import guard, logs, tasks
 from driver.adapters import acp_fs, acp_reattach, acp_state, host_server
 from driver.adapters import acp_models as m
 from driver.adapters.acp_terminal import TerminalManager, TerminalStreams
@@ -362,7 +362,7 @@ class AcpClient(Adapter):
         if peer is None or proc is None:
             raise ProviderError("provider.not_started", "the acp agent is not running")
         answer: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
+        async with tasks.within("acp request") as tg:
 
             async def ask() -> None:
                 try:
@@ -379,8 +379,8 @@ class AcpClient(Adapter):
                 answer.setdefault("error", PeerClosed("agent exited"))
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(ask)
-            tg.start_soon(watch)
+            tg.spawn(ask)
+            tg.spawn(watch)
         error = answer.get("error")
         if isinstance(error, JsonRpcError):
             raise error

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from driver import tasks
 from driver.adapters import acp_fs, acp_prompt, acp_reattach
 from driver.adapters import acp_models as m
 from driver.adapters.acp_followup import FollowUp, FollowUps
@@ -128,7 +129,7 @@ class AcpResumer(AcpSessionOpener):
         peer, proc = self._peer, self._proc
         if peer is None or proc is None:
             raise ProviderError("provider.not_started", "the acp agent is not running")
-        async with anyio.create_task_group() as tg:
+        async with tasks.within("acp adopted prompt") as tg:
 
             async def answered() -> None:
                 await cont.done.wait()
@@ -151,7 +152,7 @@ class AcpResumer(AcpSessionOpener):
                     await self._send_cancel()
 
             for task in (answered, closed, exited, nudge):
-                tg.start_soon(task)
+                tg.spawn(task)
         if cont.done.is_set():
             return
         await self._emit_all(turn.finish("failed"))

@@ -1,10 +1,12 @@
-"""The Claude Agent SDK adapter: one `ClaudeSDKClient` (and so one Claude Code CLI) per session.
+"""The `claude-agent-sdk` runtime's adapter: one Claude Code CLI per session, driven in streaming mode.
 
-The SDK's own loop is kept: a prompt goes in with `query()`, and the messages that come back (raw
-API stream events, whole assistant messages, tool results, the turn's result) are mapped onto our
-events by `TurnTranslator`. Permission prompts arrive through `can_use_tool` on an SDK task of its
-own and go through the permission port; the turn loop keeps draining messages meanwhile, because the
-SDK buffers only 100 and would stall the CLI otherwise.
+The CLI is the one the Claude Agent SDK ships (pinned); the driver speaks its stream-json wire itself
+(claude_client.py), the way the SDK's `ClaudeSDKClient` does, without importing the SDK (43 MB and
+0.7 s of the driver's start: docs/providers.md). The CLI's own loop is kept: a prompt goes in as a
+user message, and the messages that come back (raw API stream events, whole assistant messages, tool
+results, the turn's result) are mapped onto our events by `TurnTranslator`. Permission prompts arrive
+as `can_use_tool` control requests on a task of their own and go through the permission port; the
+turn loop keeps draining messages meanwhile.
 
 The CLI's client and process are `claude_cli.ClaudeCli`; a permission prompt's request and answer are
 `claude_permissions`, a turn's end `claude_outcome`; this module runs the session and its turns.
@@ -19,10 +21,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-import claude_agent_sdk as sdk
 
 from driver import logs
-from driver.adapters import attachments, claude_permissions, claude_setup
+from driver.adapters import attachments, claude_permissions, claude_setup, host_server
+from driver.adapters import claude_control as control
+from driver.adapters import claude_messages as wire
 from driver.adapters.acp_fs import relative_to_cwd, sha256_of
 from driver.adapters.base import (
     Adapter,
@@ -34,6 +37,8 @@ from driver.adapters.base import (
     TurnOutcome,
 )
 from driver.adapters.claude_cli import ClaudeCli, ResumeFailed
+from driver.adapters.claude_client import ClaudeClient
+from driver.adapters.claude_command import Session
 from driver.adapters.claude_options import (
     RUNTIME,
     recovery_preamble,
@@ -43,13 +48,14 @@ from driver.adapters.claude_turn import (
     FileTouched,
     TurnTranslator,
     init_session,
-    one_message,
     prompts_answered,
     tool_title,
     usage_payload,
     user_message,
 )
+from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
 from driver.capabilities import BY_RUNTIME
+from driver.ports.mcp_host import McpHostServer
 from driver.protocol.commands import RunInput
 
 INTERRUPT_TIMEOUT_S = 5.0
@@ -83,6 +89,8 @@ class ClaudeAdapter(Adapter):
         # steer's (PROTOCOL §3.1). The turn is over when none is left (`_turn_over`).
         self._pending_prompts: list[str] = []
         self._turn_over = True
+        self._host: McpHostServer | None = None  # the `host` MCP server of §6.3, while host tools exist
+        self._protocol = ProtocolDiagnostics(ports.emit, "Claude Code")
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -97,6 +105,8 @@ class ClaudeAdapter(Adapter):
 
     async def start(self) -> None:
         execution = self.config.execution
+        if execution.host_tools and self._host is None:
+            self._host = await host_server.start(self.config, self.ports.host_tools)
         resume = execution.native_resume
         if resume is not None and resume.runtime == RUNTIME:
             try:
@@ -124,27 +134,26 @@ class ClaudeAdapter(Adapter):
 
     async def _connect(self, resume: str | None) -> None:
         session_id = resume or str(uuid.uuid4())
-        options = self._options(resume=resume, session_id=None if resume else session_id)
-        await self._cli.connect(options, resume=resume)
+        launch = claude_setup.launch(self.config, self._host, Session(resume, None if resume else session_id))
+        self._pending_diagnostics = launch.problems
+        await self._cli.connect(
+            launch,
+            cwd=self.config.session.cwd,
+            resume=resume,
+            on_permission=self._can_use_tool,
+            on_problem=self._protocol,
+        )
         self._cost_total = 0.0  # a new CLI process counts its cost from zero
         self._session_id = session_id
-
-    def _options(self, *, resume: str | None, session_id: str | None) -> Any:
-        options, self._pending_diagnostics, self._cli.launcher_used = claude_setup.client_options(
-            self.config,
-            self.ports.host_tools,
-            resume=resume,
-            session_id=session_id,
-            on_stderr=self._cli.on_stderr,
-            can_use_tool=self._can_use_tool,
-        )
-        return options
 
     def stderr_tail(self) -> str:
         return self._cli.stderr_tail()
 
     async def stop(self) -> None:
         await self._cli.stop()
+        host, self._host = self._host, None
+        if host is not None:
+            await host.close()
 
     def process_group_ids(self) -> list[int]:
         return self._cli.group_ids()
@@ -154,7 +163,7 @@ class ClaudeAdapter(Adapter):
 
     async def reset(self) -> tuple[str | None, str | None]:
         previous = self._session_id
-        await self.stop()
+        await self._cli.stop()
         self._recovery_pending = ""
         self._announced = None
         await self._connect(resume=None)
@@ -172,7 +181,7 @@ class ClaudeAdapter(Adapter):
 
     async def run(self, run_id: str, run_input: RunInput) -> TurnOutcome:
         client = self._cli.client
-        if client is None:
+        if client is None or client.closed.is_set():
             raise ProviderError("provider.not_running", "the Claude Code CLI is not running", retryable=True)
         content = self._content(self._recovery_pending + run_input.text, run_input)
         self._cancelling = False
@@ -182,7 +191,7 @@ class ClaudeAdapter(Adapter):
         self._pending_prompts = [prompt_uuid]
         self._turn_over = False
         try:
-            await client.query(one_message(user_message(content, prompt_uuid)))
+            await client.send(user_message(content, prompt_uuid))
             self._recovery_pending = ""
             result = await self._drain(client, translator)
         except ProviderError:
@@ -216,7 +225,7 @@ class ClaudeAdapter(Adapter):
         # declared over while this prompt is on its way.
         self._pending_prompts.append(steer_uuid)
         try:
-            await client.query(one_message(user_message(content, steer_uuid)))
+            await client.send(user_message(content, steer_uuid))
         except Exception as exc:
             with contextlib.suppress(ValueError):
                 self._pending_prompts.remove(steer_uuid)
@@ -238,15 +247,15 @@ class ClaudeAdapter(Adapter):
             raise ProviderError("command.invalid", str(exc)) from None
         return [{"type": "text", "text": text}, *images] if images else text
 
-    async def _drain(self, client: Any, translator: TurnTranslator) -> Any:
+    async def _drain(self, client: ClaudeClient, translator: TurnTranslator) -> wire.ResultMessage:
         """Read messages until the results of every prompt of this turn (its own, and steers'); emit
         as they come. A steer the CLI took before a cancel is still the run's: the CLI answers it
         after the interrupted prompt, so it is interrupted in turn and its result awaited (at most
         STEER_ORPHAN_S; then the turn ends anyway), never left to leak into the next run."""
-        last: Any = None  # after a cancel: the latest result, while a steer's is still awaited
+        last: wire.ResultMessage | None = None  # after a cancel: the latest result, while a steer's is still awaited
         with anyio.CancelScope() as scope:
-            async for message in client.receive_messages():
-                if isinstance(message, sdk.ResultMessage):
+            async for message in client.messages():
+                if isinstance(message, wire.ResultMessage):
                     answered = prompts_answered(message, self._pending_prompts)
                     if not answered:
                         continue  # a late result of an earlier, interrupted turn must not end this one
@@ -258,7 +267,7 @@ class ClaudeAdapter(Adapter):
                             last = message
                             scope.deadline = min(scope.deadline, anyio.current_time() + STEER_ORPHAN_S)
                             with anyio.move_on_after(INTERRUPT_TIMEOUT_S), contextlib.suppress(Exception):
-                                await client.interrupt()
+                                await client.request(control.INTERRUPT)
                         continue
                     self._turn_over = True
                 await self._note_session(getattr(message, "session_id", None) or init_session(message))
@@ -268,7 +277,7 @@ class ClaudeAdapter(Adapter):
                         await self._file_touched(out)
                     else:
                         await self.ports.emit(*out)
-                if isinstance(message, sdk.ResultMessage):
+                if isinstance(message, wire.ResultMessage):
                     for kind, payload in translator.close_open_items():
                         await self.ports.emit(kind, payload)
                     return message
@@ -293,7 +302,7 @@ class ClaudeAdapter(Adapter):
             self._announced = session_id
             await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": session_id})
 
-    async def _outcome(self, result: Any, translator: TurnTranslator) -> TurnOutcome:
+    async def _outcome(self, result: wire.ResultMessage, translator: TurnTranslator) -> TurnOutcome:
         usage = usage_payload(result)
         total = usage["cost_usd"]
         if total is not None:
@@ -311,7 +320,7 @@ class ClaudeAdapter(Adapter):
             return
         # No active turn, or the CLI is gone: either way the kernel escalates if run() does not end.
         with anyio.move_on_after(INTERRUPT_TIMEOUT_S), contextlib.suppress(Exception):
-            await client.interrupt()
+            await client.request(control.INTERRUPT)
 
     async def _file_touched(self, touched: FileTouched) -> None:
         """A file tool succeeded: report the file as `file.changed` if it is inside the allowed roots."""
@@ -327,22 +336,24 @@ class ClaudeAdapter(Adapter):
 
     # -- permissions -------------------------------------------------------------------------------
 
-    async def _can_use_tool(self, tool_name: str, tool_input: dict[str, Any], context: Any) -> Any:
-        if not claude_permissions.asks(tool_name):
-            return sdk.PermissionResultAllow(updated_input=tool_input)
-        tool_call_id = context.tool_use_id or f"perm-{uuid.uuid4().hex[:12]}"
+    async def _can_use_tool(self, ask: control.PermissionAsk) -> control.PermissionAnswer:
+        if not claude_permissions.asks(ask.tool_name):
+            return control.PermissionAnswer(True, updated_input=ask.tool_input)
+        tool_call_id = ask.tool_use_id or f"perm-{uuid.uuid4().hex[:12]}"
         # PROTOCOL §6.2: a permission request names its tool call, so the call has started by now.
         if self._translator is not None:
-            parent = self._translator.parent_for_agent(context.agent_id)
-            for kind, payload in self._translator.tool_started(tool_call_id, tool_name, tool_input, parent):
+            parent = self._translator.parent_for_agent(ask.agent_id)
+            for kind, payload in self._translator.tool_started(tool_call_id, ask.tool_name, ask.tool_input, parent):
                 await self.ports.emit(kind, payload)
-        detail = context.description or context.title or tool_title(tool_name, tool_input)
+        detail = ask.description or ask.title or tool_title(ask.tool_name, ask.tool_input)
         request = claude_permissions.request_of(
-            tool_call_id, tool_name, tool_input, display_name=context.display_name, detail=detail
+            tool_call_id, ask.tool_name, ask.tool_input, display_name=ask.display_name, detail=detail
         )
-        answer = claude_permissions.answer_of(await self.ports.permissions.request(request), context.suggestions)
+        answer = claude_permissions.answer_of(await self.ports.permissions.request(request), ask.suggestions)
         if answer.refused is not None:
             self._refused[tool_call_id] = answer.refused
         if answer.allow:
-            return sdk.PermissionResultAllow(updated_input=tool_input, updated_permissions=answer.updated_permissions)
-        return sdk.PermissionResultDeny(message=answer.message, interrupt=answer.interrupt)
+            return control.PermissionAnswer(
+                True, updated_input=ask.tool_input, updated_permissions=answer.updated_permissions
+            )
+        return control.PermissionAnswer(False, message=answer.message, interrupt=answer.interrupt)

@@ -1,31 +1,24 @@
-"""The Claude Code CLI the SDK runs for a session: its client, its process group, its exit, its stderr.
+"""The Claude Code CLI of a session: the current client (claude_client.py), its start, exit and stderr.
 
-The SDK starts the CLI as its transport's child; with the launcher (claude_options.launch_command) the
-CLI leads a process group of its own, which goes with it when it is disconnected (shell tools, MCP
-servers). Every CLI started is recorded for containment, so the next driver process can clean up
-after this one.
+The CLI leads a process group of its own and runs inside the provider containment
+(driver/adapters/process.py), so its shell tools and MCP servers go with it when it is stopped; every
+CLI started is recorded for containment, so the next driver process can clean up after this one.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import os
-import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
 import anyio
-import claude_agent_sdk as sdk
 
-from driver import containment
+from driver.adapters import claude_control as control
 from driver.adapters.base import ProviderError
-from driver.adapters.claude_turn import cli_pid
+from driver.adapters.claude_client import ClaudeClient, ClientClosed, OnPermission, OnProblem, StartFailed
+from driver.adapters.claude_command import Launch
 
-STDERR_LINES = 200
-STDERR_LINE_CHARS = 2000
-DISCONNECT_TIMEOUT_S = 10.0
+STOP_GRACE_S = 3.0
 
 
 class ResumeFailed(Exception):
@@ -34,27 +27,38 @@ class ResumeFailed(Exception):
 
 class ClaudeCli:
     def __init__(self, redact: Callable[[str], str]) -> None:
-        self.client: Any = None
-        self.launcher_used = False  # set with each client's options: the CLI then leads its own group
+        self.client: ClaudeClient | None = None
         self.connect_seconds: float | None = None  # measured, for driver.started timings
+        self.initialize_answer: dict[str, object] = {}
         self._redact = redact
-        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-
-    def on_stderr(self, line: str) -> None:
-        self._stderr.append(line[:STDERR_LINE_CHARS])
+        self._last_tail = ""  # the stderr of the last CLI that failed to start
+        self._changed = anyio.Event()
 
     def stderr_tail(self) -> str:
-        return self._redact("\n".join(self._stderr))
+        client = self.client
+        return client.proc.stderr_tail() if client is not None else self._last_tail
 
-    async def connect(self, options: Any, *, resume: str | None) -> None:
-        """Start a CLI with `options`; `ResumeFailed` when it was to resume `resume` and did not start."""
-        client = sdk.ClaudeSDKClient(options)
+    def _set(self, client: ClaudeClient | None) -> None:
+        self.client = client
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def connect(
+        self, launch: Launch, *, cwd: str | Path, resume: str | None, on_permission: OnPermission, on_problem: OnProblem
+    ) -> None:
+        """Start a CLI; `ResumeFailed` when it was to resume `resume` and did not start."""
         started = time.monotonic()
         try:
-            await client.connect()
-        except Exception as exc:
-            with anyio.CancelScope(shield=True):
-                await self.disconnect(client)
+            client, self.initialize_answer = await ClaudeClient.open(
+                launch.argv,
+                env=launch.env,
+                cwd=cwd,
+                initialize=launch.initialize,
+                on_permission=on_permission,
+                on_problem=on_problem,
+            )
+        except StartFailed as exc:
+            self._last_tail = exc.stderr_tail
             message = self._redact(str(exc))
             if resume is not None:
                 raise ResumeFailed(f"could not resume Claude session {resume}: {message}") from None
@@ -62,61 +66,43 @@ class ClaudeCli:
                 "provider.start_failed",
                 f"Claude Code did not start: {message}",
                 retryable=True,
-                details={"stderr_tail": self.stderr_tail()},
+                details={"stderr_tail": self._last_tail},
             ) from None
         self.connect_seconds = time.monotonic() - started
-        self.client = client
-        if (pid := cli_pid(client)) is not None:
-            containment.started(pid)  # so the next driver process can clean up after this one
+        self._set(client)
 
     async def stop(self) -> None:
-        client, self.client = self.client, None
+        client = self.client
+        self._set(None)
         if client is not None:
-            await self.disconnect(client)
+            await client.close(grace=STOP_GRACE_S)
+            self._last_tail = client.proc.stderr_tail()
 
-    async def disconnect(self, client: Any) -> None:
-        pgid = self._pgid(client)
-        pid = cli_pid(client)
-        # Shielded: stop() is often reached while being cancelled. A dead CLI must not make it raise.
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(DISCONNECT_TIMEOUT_S),
-            contextlib.suppress(Exception),
-        ):
-            await client.disconnect()
-        if pgid is not None:
-            # Whatever the CLI left behind in its group (shell tools, MCP servers) goes with it.
-            with contextlib.suppress(PermissionError):
-                containment.kill_group(pgid, signal.SIGKILL)
-        if pid is not None:
-            containment.ended(pid)
+    async def query(self, message: dict[str, object]) -> None:
+        client = self.client
+        if client is None:
+            raise ClientClosed("the Claude Code CLI is not running")
+        await client.send(message)
 
-    def _pgid(self, client: Any) -> int | None:
-        if not self.launcher_used:
-            return None  # without the launcher the CLI shares the driver's own group
-        process = getattr(getattr(client, "_transport", None), "_process", None)
-        pid = getattr(process, "pid", None)
-        if not isinstance(pid, int) or getattr(process, "returncode", None) is not None:
-            return None
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            return None
-        return pgid if pgid == pid and pgid != os.getpgrp() else None
+    async def interrupt(self) -> None:
+        client = self.client
+        if client is not None:
+            await client.request(control.INTERRUPT)
 
     def group_ids(self) -> list[int]:
-        pgid = self._pgid(self.client) if self.client is not None else None
-        return [pgid] if pgid is not None else []
+        client = self.client
+        if client is None or client.proc.returncode is not None:
+            return []
+        return [client.proc.pgid]
 
     async def wait_exited(self) -> None:
-        # The CLI is the SDK transport's child process. Watch whichever client is current: stop() and
-        # reset() drop `client` before disconnecting, so an exit we caused is never reported.
+        # Watch whichever client is current: stop() and reset() drop `client` before ending it, so an
+        # exit we caused is never reported.
         while True:
             client = self.client
-            process = getattr(getattr(client, "_transport", None), "_process", None)
-            if process is None:
-                await anyio.sleep(0.5)  # not connected (stopped, or between reset's stop and connect)
+            if client is None:
+                await self._changed.wait()
                 continue
-            await process.wait()
+            await client.proc.exited.wait()
             if self.client is client:
                 return

@@ -1,18 +1,16 @@
-"""How the Claude Agent SDK is configured from an execution snapshot: environment, MCP servers,
-system prompt, the launcher script, and the recovery preamble. Plain functions with no SDK import, so
+"""How the Claude Code CLI is configured from an execution snapshot: environment, MCP servers,
+system prompt, where the CLI is, and the recovery preamble. Plain functions with no SDK import, so
 they are testable without starting anything.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from driver import containment
 from driver.protocol.boot import ExecutionConfig, McpServer, RecoveryMessage
 
 RUNTIME = "claude-agent-sdk"
@@ -132,72 +130,6 @@ def bundled_cli() -> Path | None:
             return candidate
     found = shutil.which("claude")
     return Path(found) if found else None
-
-
-LAUNCH_VAR = "AGENT_DRIVER_CLAUDE_LAUNCH"
-LAUNCHER = Path(__file__).with_name("claude_launcher.py")
-
-
-_copies: dict[Path, Path] = {}
-
-
-def launcher_path(driver_dir: Path | None) -> Path | None:
-    """The launcher to run: the package's file, or, where an install dropped its executable bit (a
-    wheel keeps no mode for a module), one copy of the same fixed text in the driver's own folder
-    (`state_dir/driver/`, hidden from the provider tree and refused by the ports), written once per
-    driver process. None when neither is possible."""
-    if os.access(LAUNCHER, os.X_OK):
-        return LAUNCHER
-    if driver_dir is None:
-        return None
-    if driver_dir in _copies:
-        return _copies[driver_dir]
-    try:
-        driver_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target = driver_dir / "claude-launcher"
-        tmp = driver_dir / f".claude-launcher.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(LAUNCHER.read_bytes())
-            os.fchmod(fh.fileno(), 0o500)
-        tmp.replace(target)
-    except OSError:
-        return None
-    _copies[driver_dir] = target
-    return target
-
-
-def launch_command(
-    cli: Path, keep: Iterable[str], parent: Mapping[str, str], driver_dir: Path | None = None
-) -> tuple[Path, dict[str, str]] | None:
-    """The launcher the SDK runs instead of the CLI, and the variable that tells it what to run.
-
-    Why a launcher: the SDK spawns the CLI in the driver's own process group and passes it the
-    driver's whole environment. The launcher (`claude_launcher.py`, a fixed file of the package: see
-    there) execs `env -u` for every inherited variable the provider environment does not list (names
-    only, never values; the launch variable itself too), then `setsid` for a process group of its
-    own, then the containment prefix and the CLI. Returns None when `setsid` or `env` is missing, or
-    no launcher can be run (`launcher_path`): the CLI then runs directly.
-    """
-    setsid = shutil.which("setsid")
-    env_bin = shutil.which("env")
-    launcher = launcher_path(driver_dir) if setsid and env_bin else None
-    if setsid is None or env_bin is None or launcher is None:
-        return None
-    keep_set = set(keep) - {LAUNCH_VAR}
-    # The same containment as every other provider (driver.containment): the CLI and whatever it
-    # starts die with the driver. `setsid` execs the wrapper, so the SDK's child is still the group
-    # leader and the wrapper's parent is the driver (PDEATHSIG is tied to it).
-    wrapper = " ".join(shlex.quote(part) for part in containment.prefix())
-    drop = sorted({name for name in parent if name not in keep_set and _is_env_name(name)} | {LAUNCH_VAR})
-    unset = " ".join(f"-u {shlex.quote(name)}" for name in drop)
-    command = f'{shlex.quote(env_bin)} {unset} {shlex.quote(setsid)} {wrapper} {shlex.quote(str(cli))} "$@"'
-    return launcher, {LAUNCH_VAR: command}
-
-
-def _is_env_name(name: str) -> bool:
-    return bool(name) and "=" not in name and "\0" not in name
 
 
 def recovery_preamble(messages: Iterable[RecoveryMessage]) -> str:

@@ -1,4 +1,4 @@
-"""One Claude turn: SDK messages -> our events (no I/O but a file-existence check).
+"""One Claude turn: the CLI's messages (claude_messages.py) -> our events (no I/O but a file-existence check).
 
 Text and thinking stream through `StreamEvent`s (started/delta, completed at content_block_stop,
 which carries everything the deltas did); a whole `AssistantMessage` only adds blocks the stream
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
-import claude_agent_sdk as sdk
+from driver.adapters import claude_messages as wire
 
 Emit = tuple[str, dict[str, Any]]
 
@@ -49,7 +48,7 @@ class _Block:
 
 
 class TurnTranslator:
-    """Maps the SDK messages of one turn onto event kinds and payloads (see the module doc)."""
+    """Maps the CLI messages of one turn onto event kinds and payloads (see the module doc)."""
 
     def __init__(self, run_id: str, tools_started: set[str], refused: dict[str, str], cwd: str = ".") -> None:
         self.run_id = run_id
@@ -73,13 +72,13 @@ class TurnTranslator:
         return f"{self.run_id}:{suffix}{self.extra}"
 
     def translate(self, message: Any) -> list[Emit | FileTouched]:
-        if isinstance(message, sdk.StreamEvent):
+        if isinstance(message, wire.StreamEvent):
             if message.parent_tool_use_id is not None:
                 return []  # a subagent's inner stream: its whole messages are reported below
             return list(self._stream_event(message.event))
-        if isinstance(message, sdk.AssistantMessage):
+        if isinstance(message, wire.AssistantMessage):
             return list(self._assistant(message))
-        if isinstance(message, sdk.UserMessage):
+        if isinstance(message, wire.UserMessage):
             return self._tool_results(message)
         return []
 
@@ -153,18 +152,18 @@ class TurnTranslator:
         out: list[Emit] = []
         if message.error is not None:
             # A synthetic message the CLI writes for a failed API call: an error, not an answer.
-            self.error_texts.extend(b.text for b in message.content if isinstance(b, sdk.TextBlock))
+            self.error_texts.extend(b.text for b in message.content if isinstance(b, wire.TextBlock))
             return out
         streamed = message.message_id is not None and message.message_id in self.streamed_messages
         for block in message.content:
-            if isinstance(block, sdk.ToolUseBlock):
+            if isinstance(block, wire.ToolUseBlock):
                 out.extend(self.tool_started(block.id, block.name, block.input))
-            elif isinstance(block, sdk.TextBlock) and not streamed:
+            elif isinstance(block, wire.TextBlock) and not streamed:
                 item = self._next_id("m")
                 out.append(("message.started", {"message_id": item, "role": "assistant"}))
                 out.append(("message.completed", {"message_id": item, "role": "assistant", "text": block.text}))
                 self.final_message_id, self.final_message_text = item, block.text
-            elif isinstance(block, sdk.ThinkingBlock) and not streamed:
+            elif isinstance(block, wire.ThinkingBlock) and not streamed:
                 item = self._next_id("t")
                 out.append(("thought.started", {"thought_id": item, "text": ""}))
                 out.append(("thought.completed", {"thought_id": item, "text": block.thinking}))
@@ -177,9 +176,9 @@ class TurnTranslator:
         if message.error is not None:
             return out
         for block in message.content:
-            if isinstance(block, sdk.ToolUseBlock):
+            if isinstance(block, wire.ToolUseBlock):
                 out.extend(self.tool_started(block.id, block.name, block.input, parent=parent))
-            elif isinstance(block, sdk.TextBlock) and block.text:
+            elif isinstance(block, wire.TextBlock) and block.text:
                 out.append(("tool.output.delta", {"tool_call_id": parent, "text": block.text}))
         return out
 
@@ -217,7 +216,7 @@ class TurnTranslator:
             return []
         out: list[Emit | FileTouched] = []
         for block in message.content:
-            if not isinstance(block, sdk.ToolResultBlock):
+            if not isinstance(block, wire.ToolResultBlock):
                 continue
             if block.tool_use_id not in self.open_tools and message.parent_tool_use_id is not None:
                 continue  # a subagent's result for a call we never saw started
@@ -283,10 +282,6 @@ def user_message(content: str | list[dict[str, Any]], prompt_uuid: str) -> dict[
     }
 
 
-async def one_message(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    yield message
-
-
 def prompts_answered(result: Any, pending: list[str]) -> list[str]:
     """Which of the turn's `pending` prompts a result answers. A result naming no prompt (a CLI that
     does not say) answers the oldest one; one naming only others answers none (a late result)."""
@@ -298,13 +293,7 @@ def prompts_answered(result: Any, pending: list[str]) -> list[str]:
 
 
 def init_session(message: Any) -> str | None:
-    if isinstance(message, sdk.SystemMessage):
+    if isinstance(message, wire.SystemMessage):
         value = message.data.get("session_id")
         return value if isinstance(value, str) else None
     return None
-
-
-def cli_pid(client: Any) -> int | None:
-    """The pid of the process the SDK started (our launcher, exec'ed into the CLI's wrapper)."""
-    pid = getattr(getattr(getattr(client, "_transport", None), "_process", None), "pid", None)
-    return pid if isinstance(pid, int) else None

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from driver import logs
+from driver import logs, tasks
 from driver.adapters import (
     attachments,
     codex_files,
@@ -231,9 +231,9 @@ class CodexAdapter(Adapter):
         self._turn_ended = ended
         failure: ProviderError | JsonRpcError | None = None
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._interrupt_when_asked, turn)
-                tg.start_soon(watch_exit, peer, proc, ended)
+            async with tasks.within("codex turn") as tg:
+                tg.spawn(self._interrupt_when_asked, turn)
+                tg.spawn(watch_exit, peer, proc, ended)
                 try:
                     # The run's trace context rides on the request (Codex's JSON-RPC `trace` field).
                     traceparent = tracing.run_traceparent()
@@ -270,9 +270,9 @@ class CodexAdapter(Adapter):
         self._cancel_requested = anyio.Event()
         ended = self._turn_ended
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._interrupt_when_asked, turn)
-                tg.start_soon(watch_exit, peer, proc, ended)
+            async with tasks.within("codex turn") as tg:
+                tg.spawn(self._interrupt_when_asked, turn)
+                tg.spawn(watch_exit, peer, proc, ended)
                 await ended.wait()
                 tg.cancel_scope.cancel()
         finally:

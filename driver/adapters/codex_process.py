@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from driver import guard, reattach
+from driver import guard, reattach, tasks
 from driver.adapters.base import AdapterConfig, ProviderError
 from driver.adapters.jsonrpc import JsonRpcPeer, PeerClosed
 from driver.adapters.keeping import AnyProcess, provider_process
@@ -166,7 +166,7 @@ class CodexProcess:
 async def watch_exit(peer: JsonRpcPeer, proc: AnyProcess, ended: anyio.Event) -> None:
     """Set `ended` when Codex goes away: its stdout closes, or it exits (then give the reader a moment
     to take the last lines, in case a grandchild keeps stdout open)."""
-    async with anyio.create_task_group() as tg:
+    async with tasks.within("codex exit watch") as tg:
 
         async def closed() -> None:
             await peer.closed.wait()
@@ -178,6 +178,6 @@ async def watch_exit(peer: JsonRpcPeer, proc: AnyProcess, ended: anyio.Event) ->
                 await peer.closed.wait()
             tg.cancel_scope.cancel()
 
-        tg.start_soon(closed)
-        tg.start_soon(exited)
+        tg.spawn(closed)
+        tg.spawn(exited)
     ended.set()

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver import agent_files
 from driver.protocol.boot import ExecutionConfig, SessionConfig, Skill
 
 SKILL_FILE = "SKILL.md"
@@ -83,23 +85,49 @@ def installed_skills(cwd: Path, skills: Iterable[Skill]) -> list[SkillInfo]:
     return found
 
 
-def link_skills(skills: Sequence[SkillInfo], folder: Path) -> None:
+def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = None) -> None:
     """Make `folder/<name>` a link to each skill's installed folder (and drop links of skills no
-    longer in the execution); the folder belongs to the driver (under `state_dir`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    wanted = {s.folder_name: s.path for s in skills}
-    for entry in folder.iterdir():
-        if entry.is_symlink() and entry.name not in wanted:
-            entry.unlink()
-    for name, target in wanted.items():
-        link = folder / name
-        if link.is_symlink() and os.readlink(link) == str(target):
-            continue
-        if link.is_symlink():
-            link.unlink()
-        elif link.exists():
-            continue  # a real folder of the runtime's own (e.g. Codex's system skills): not ours to touch
-        link.symlink_to(target, target_is_directory=True)
+    longer in the execution). The folder is the agent's (under `state_dir/providers/`, PROTOCOL §9):
+    it is opened below `root` (default: its parent) without following a link, and every link is made,
+    read and removed relative to that descriptor, so a link planted in its place is never followed."""
+    relative = folder.relative_to(root) if root is not None else Path(folder.name)
+    start = root if root is not None else folder.parent
+    start.mkdir(parents=True, exist_ok=True)  # the trusted start of the walk (the runtime's config folder)
+    path_fd = agent_files.open_folder(start, relative, create=True)
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
+    finally:
+        os.close(path_fd)
+    try:
+        wanted = {s.folder_name: s.path for s in skills}
+        for name in os.listdir(fd):
+            if name not in wanted and _is_link(name, fd):
+                os.unlink(name, dir_fd=fd)
+        for name, target in wanted.items():
+            if _is_link(name, fd):
+                if os.readlink(name, dir_fd=fd) == str(target):
+                    continue
+                os.unlink(name, dir_fd=fd)
+            elif _exists(name, fd):
+                continue  # a real folder of the runtime's own (e.g. Codex's system skills): not ours to touch
+            os.symlink(target, name, target_is_directory=True, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def driver_paragraph(session: SessionConfig) -> str:

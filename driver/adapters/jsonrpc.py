@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from driver import logs
+from driver import logs, tasks
 
 log = logs.get(__name__)
 
@@ -185,7 +185,7 @@ class JsonRpcPeer:
         with PeerClosed, running handlers are cancelled, and `closed` is set. Never raises for bad
         input from the peer."""
         try:
-            async with anyio.create_task_group() as tg:
+            async with tasks.within("jsonrpc peer") as tg:
                 try:
                     await self._read_loop(tg)
                 finally:
@@ -203,7 +203,7 @@ class JsonRpcPeer:
                 pending.error = PeerClosed(f"{self.name}: peer closed ({self.close_reason})")
                 pending.done.set()
 
-    async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
+    async def _read_loop(self, tg: tasks.Tasks) -> None:
         buffer = bytearray()
         scan_from = 0
         while True:
@@ -233,7 +233,7 @@ class JsonRpcPeer:
             if line.strip():
                 await self._dispatch_line(line, tg)
 
-    async def _dispatch_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
+    async def _dispatch_line(self, line: bytes, tg: tasks.Tasks) -> None:
         try:
             message = _decoder.decode(line)
         except (msgspec.DecodeError, RecursionError):  # RecursionError: nested ~1000 levels deep
@@ -353,17 +353,17 @@ class JsonRpcPeer:
             if scope is not None:
                 scope.cancel()
 
-    def _start_handler(self, request_id: Any, method: str, params: Any, tg: anyio.abc.TaskGroup) -> bool:
+    def _start_handler(self, request_id: Any, method: str, params: Any, tg: tasks.Tasks) -> bool:
         if not _usable_id(request_id):
             # JSON-RPC 2.0 §5: a request whose id cannot be echoed is answered Invalid Request, id null.
             self.invalid_lines += 1
             log.warning("jsonrpc.bad_request_id", peer=self.name, id_type=type(request_id).__name__)
             error = {"code": INVALID_REQUEST, "message": "invalid request id (a string or an integer is required)"}
-            tg.start_soon(self._reply_quietly, self._envelope() | {"id": None, "error": error})
+            tg.spawn(self._reply_quietly, self._envelope() | {"id": None, "error": error})
             return False
         scope = anyio.CancelScope()
         self._incoming[request_id] = scope
-        tg.start_soon(self._handle_request, request_id, method, params, scope)
+        tg.spawn(self._handle_request, request_id, method, params, scope)
         return True
 
     async def _handle_request(self, request_id: RequestId, method: str, params: Any, scope: anyio.CancelScope) -> None:

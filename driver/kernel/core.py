@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.abc
 
-from driver import guard, logs
+from driver import guard, logs, tasks
 from driver.kernel import admission, announce
 from driver.kernel.options import KernelOptions, project_root
 from driver.kernel.tamper import TamperReports
@@ -71,6 +70,8 @@ EXIT_INTERNAL = 70
 
 # How long the rooms wait for the first dial to end before they are built anyway (see `serve`).
 HELLO_FIRST_S = 0.25
+# How long the last flush of the outbox may take on the way out (a disk that hangs must not hold the exit).
+FINAL_FLUSH_S = 10.0
 
 # Events the provider room watches: they move the current native ref or the transcript.
 _OBSERVED = frozenset({"runtime.resume.updated", "runtime.session.reset", "message.completed"})
@@ -141,7 +142,7 @@ class Kernel:
         self.handed_over = False  # set by a handover (driver/kernel/keep.py): this process emits no more
         self.link: Link | None = None
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES  # until a welcome says otherwise (§4.3)
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg: tasks.Tasks | None = None  # the process's supervision boundary (driver.tasks)
         self._hello_at: float | None = None  # when the first hello went out, for the telemetry room
         # Static: `hello` is built before the adapter's module (and its SDK) is imported.
         self.capabilities = announce.stated_capabilities(boot)
@@ -179,12 +180,13 @@ class Kernel:
         """Start a task in the kernel's task group (alive for the process's life). An unexpected
         exception ends that task only, reported (driver.kernel.guard), never the task group."""
         assert self._tg is not None
-        self._tg.start_soon(guard.supervised, self, fn, *args)
+        self._tg.spawn(fn, *args)
 
     def spawn_contained(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        """Start a task that is its own supervision boundary (it catches and reports its errors)."""
+        """Start a task that is its own supervision boundary (it catches and reports its errors); guarded
+        all the same, so a bug in its own boundary ends that task, not the process."""
         assert self._tg is not None
-        self._tg.start_soon(fn, *args)
+        self._tg.spawn(fn, *args)
 
     def touch(self) -> None:
         """Something happened: the idle clock starts again."""
@@ -319,6 +321,23 @@ class Kernel:
 
     # -- main ---------------------------------------------------------------------------------------
     async def serve(self) -> int:
+        """The process's life; on every way out (an exception included) what was admitted to the
+        outbox is journaled before the journal closes (issue 30: a diagnostic admitted just before
+        an internal error was lost)."""
+        try:
+            return await self._serve()
+        finally:
+            await self._final_flush()
+            self.journal.close()
+
+    async def _final_flush(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+            try:
+                await self.outbox.flush()
+            except Exception as exc:  # the journal itself failed: the log is all that is left
+                log.error("outbox.final_flush_failed", error_type=type(exc).__name__, exc_info=True)
+
+    async def _serve(self) -> int:
         from driver.link import Link, LinkHooks
 
         link = Link(
@@ -334,11 +353,11 @@ class Kernel:
             ),
         )
         self.link = link
-        async with anyio.create_task_group() as tg:
+        async with tasks.boundary("kernel", self) as tg:
             self._tg = tg
-            tg.start_soon(self._essential, "outbox", self.outbox.run)
-            tg.start_soon(guard.keep, self, "link", lambda: self._watch_link(link))
-            tg.start_soon(guard.keep, self, "tamper reports", self.tamper_reports.run)
+            tg.essential("outbox", self.outbox.run, self._exit_internal)
+            tg.keep("link", lambda: self._watch_link(link))
+            tg.keep("tamper reports", self.tamper_reports.run)
             # The hello first: the rooms' imports and the provider's spawn hold the loop for tens of
             # ms, the dial needs it for a few. Bounded, so a control plane that does not answer (a
             # dial that hangs rather than fails) never holds the driver back long.
@@ -358,9 +377,9 @@ class Kernel:
                 gc.enable()
             self.spawn(self.provider.boot)
             # Long-lived: restarted when they fail (each holds no state a restart could lose).
-            tg.start_soon(guard.keep, self, "signals", self._watch_signals)
-            tg.start_soon(guard.keep, self, "idle_exit", self.lifecycle.idle_exit)
-            tg.start_soon(guard.keep, self, "telemetry", self.telemetry.run)
+            tg.keep("signals", self._watch_signals)
+            tg.keep("idle_exit", self.lifecycle.idle_exit)
+            tg.keep("telemetry", self.telemetry.run)
             await self.done.wait()
             # Flush the journal and say goodbye before leaving.
             with anyio.CancelScope(shield=True):
@@ -368,14 +387,8 @@ class Kernel:
                 await self.outbox.flush()
                 with anyio.move_on_after(2):
                     await link.close(1000, "driver exiting")
-            tg.cancel_scope.cancel()
-        self.journal.close()
+            tg.cancel()
         return self.exit_status if self.exit_status is not None else 0
-
-    async def _essential(self, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """A task the driver cannot run without (the outbox's journal writer): its failure ends the
-        process with 70, the journal intact (driver.guard.essential)."""
-        await guard.essential(name, fn, self._exit_internal)
 
     async def _exit_internal(self) -> None:
         self.stopping = True

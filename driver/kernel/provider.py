@@ -30,6 +30,7 @@ from driver.adapters.base import Adapter, AdapterConfig, ProviderError
 from driver.adapters.deferred import DeferredAdapter
 from driver.adapters.environment import child_env, provider_env, withheld_of, withhold, withhold_execution
 from driver.interfaces import PathNotAllowed
+from driver.kernel import provider_home
 from driver.protocol.boot import NativeResume, RecoveryMessage
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class ProviderRoom:
         # §8.1: (previous ref, reason) of a checkpoint that could not be restored, said once the
         # fresh session is known.
         self._checkpoint_reset: tuple[str, str] | None = None
+        # Diagnostics of the last adapter build (a home set aside), said by the supervisor.
+        self.notes: list[dict[str, Any]] = []
 
         # PROTOCOL §6.7: the model proxy, only when the payload asks for it (imported only then).
         self.proxy: ProxyRoom | None = None
@@ -85,15 +88,17 @@ class ProviderRoom:
     def new_adapter(self) -> Adapter:
         k = self.k
         boot = k.boot
-        provider_dir = Path(boot.session.state_dir) / "providers" / boot.execution.runtime
-        provider_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The agent's: a home that is not a folder is set aside (said as the start begins); one that
+        # cannot be made raises, and the supervisor fails this start (retried with backoff).
+        home, notes = provider_home.prepare(Path(boot.session.state_dir), boot.execution.runtime)
+        self.notes += notes
+        provider_dir = home.parent
         env = provider_env(
             boot.execution.environment,
-            home=str(provider_dir / "home"),
+            home=str(home),
             traceparent=boot.traceparent,
             extra=k.telemetry.provider_env(),
         )
-        (provider_dir / "home").mkdir(exist_ok=True, mode=0o700)
         replay = self.replay_messages()
         execution = msgspec.structs.replace(boot.execution, native_resume=self.current, recovery_messages=replay)
         if self.proxy is not None:
@@ -113,6 +118,10 @@ class ProviderRoom:
             env=env,
         )
         return DeferredAdapter(config, k.ports)
+
+    def take_notes(self) -> list[dict[str, Any]]:
+        notes, self.notes = self.notes, []
+        return notes
 
     def on_ready(self) -> None:
         """The supervisor started an adapter: make sure its session is announced and journaled."""
@@ -270,7 +279,7 @@ class ProviderRoom:
         await anyio.to_thread.run_sync(journal.set_text, CHECKPOINT_RESTORED_KEY, checkpoint.native_ref)
         # The supervisor built its first adapter (not started yet: `boot` comes after) with the ref
         # current before the restore: build it again with the restored one.
-        k.supervisor.adapter = self.new_adapter()
+        k.supervisor.rebuild()
 
     async def install_skills(self) -> None:
         k = self.k

@@ -71,4 +71,5 @@ def assemble(k: Kernel) -> None:
         on_exited=k.provider.provider_exited,
         on_starting=k.telemetry.provider_starting,
         on_started=k.telemetry.provider_started,
+        notes=k.provider.take_notes,
     )

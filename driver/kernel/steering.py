@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
-from driver import logs
+from driver import logs, tasks
 from driver.adapters.base import ProviderError, SteerRefused
 from driver.protocol import commands as cmds
 from driver.protocol.frames import CommandError
@@ -41,14 +41,14 @@ async def first_of(*events: anyio.Event) -> None:
     """Return as soon as any of `events` is set."""
     if any(e.is_set() for e in events):
         return
-    async with anyio.create_task_group() as tg:
+    async with tasks.within("first_of") as tg:
 
         async def wait(event: anyio.Event) -> None:
             await event.wait()
             tg.cancel_scope.cancel()
 
         for event in events:
-            tg.start_soon(wait, event)
+            tg.spawn(wait, event)
 
 
 def _not_active(run_id: str, why: str) -> Answer:

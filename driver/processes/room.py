@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from driver import containment, logs
+from driver import containment, logs, tasks
 from driver.adapters.environment import provider_env
 from driver.interfaces import PathNotAllowed
 from driver.processes import handle
@@ -262,8 +262,8 @@ class ProcessRoom:
     async def _life(self, p: Proc) -> None:
         returncode: int | None = None
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.output.pump, p)
+            async with tasks.within("process life") as tg:
+                tg.spawn(self.output.pump, p)
                 returncode = await handle.wait_exit(p.spawned)
                 with anyio.move_on_after(OUTPUT_DRAIN_S):
                     await p.output_done.wait()

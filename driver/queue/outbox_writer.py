@@ -18,7 +18,7 @@ from collections.abc import Callable
 import anyio
 import anyio.to_thread
 
-from driver import logs
+from driver import logs, tasks
 from driver.queue.command_index import StoredCommand
 from driver.queue.journal import Journal
 from driver.queue.schema import SEQ_BLOCK
@@ -181,8 +181,8 @@ class Writer:
         """Every commit, for the process's life."""
         self._running = True
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._flush_deletions_when_idle)
+            async with tasks.within("outbox writer") as tg:
+                tg.spawn(self._flush_deletions_when_idle)
                 while True:
                     await self._work.wait()
                     self._work = anyio.Event()

@@ -4,16 +4,16 @@ start errors visible to inputs, stop ends everything). The real processes are in
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-import anyio.abc
 import pytest
 from agent_lab.testing.ports import recording_ports
 
+from driver import tasks
 from driver.adapters.base import Adapter, AdapterConfig, ProviderError, TurnOutcome
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
@@ -57,7 +57,19 @@ class ScriptedAdapter(Adapter):
         await self.exited.wait()
 
 
-def make(tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5) -> ProviderSupervisor:
+class Reports:
+    """The events port of the boundary the supervisor's tasks run on (the kernel's, in the driver)."""
+
+    def __init__(self, diagnostics: list[dict[str, Any]]) -> None:
+        self.diagnostics = diagnostics
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        self.diagnostics.append(payload)
+
+
+def make(
+    tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5, build: Callable[[], Adapter] | None = None
+) -> ProviderSupervisor:
     session = SessionConfig(id="s", agent_id="a", kind="cattle", cwd=str(tmp), state_dir=str(tmp))
     config = AdapterConfig(
         session=session, execution=ExecutionConfig(revision="r", runtime="acp"), state_dir=tmp, project_root=tmp
@@ -69,7 +81,7 @@ def make(tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5) -> Pro
         diagnostics.append(payload)
 
     return ProviderSupervisor(
-        lambda: ScriptedAdapter(config, ports),
+        build or (lambda: ScriptedAdapter(config, ports)),
         emit,
         start_timeout_s=5,
         stop_timeout_s=1,
@@ -79,15 +91,15 @@ def make(tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5) -> Pro
 
 @asynccontextmanager
 async def supervised(
-    tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5
+    tmp: Path, diagnostics: list[dict[str, Any]], *, limit: int = 5, build: Callable[[], Adapter] | None = None
 ) -> AsyncIterator[ProviderSupervisor]:
     ScriptedAdapter.script = []
     ScriptedAdapter.instances = []
-    async with anyio.create_task_group() as tg:
-        sup = make(tmp, diagnostics, limit=limit)
+    async with tasks.boundary("test", Reports(diagnostics)) as tg:
+        sup = make(tmp, diagnostics, limit=limit, build=build)
         sup.bind(tg)
         yield sup
-        tg.cancel_scope.cancel()
+        tg.cancel()
 
 
 def codes(diagnostics: list[dict[str, Any]]) -> list[str]:
@@ -160,3 +172,67 @@ async def test_stop_during_backoff_ends_replacement_and_waiting_inputs(tmp_path:
             await sup.ready()
         assert stopped.value.code == "driver.stopping"
         assert len(ScriptedAdapter.instances) == 1  # no new provider was started
+
+
+async def test_a_build_that_raises_is_a_failed_start_retried_with_backoff(tmp_path: Path) -> None:
+    """Issue 30: building the replacement (preparing the agent's home) raised out of the supervisor
+    and the driver exited 70. Now the build's error is the start's: said, visible to an input,
+    retried with backoff, and the next build that works starts."""
+    diagnostics: list[dict[str, Any]] = []
+    builds: list[int] = []
+    session = SessionConfig(id="s", agent_id="a", kind="cattle", cwd=str(tmp_path), state_dir=str(tmp_path))
+    config = AdapterConfig(
+        session=session,
+        execution=ExecutionConfig(revision="r", runtime="acp"),
+        state_dir=tmp_path,
+        project_root=tmp_path,
+    )
+    ports, _, _ = recording_ports(tmp_path)
+
+    def build() -> Adapter:
+        builds.append(1)
+        if len(builds) in (2, 3):  # the first replacement and its first retry cannot be built
+            raise FileExistsError(17, "File exists", "providers/acp/home")
+        return ScriptedAdapter(config, ports)
+
+    async with supervised(tmp_path, diagnostics, build=build) as sup:
+        await sup.boot()
+        first = await sup.ready()
+        first.exited.set()  # type: ignore[attr-defined]
+        sup.lost(first, "the provider exited", crashed=True)
+        await wait_codes(diagnostics, "provider.restarted")
+        failed = [d for d in diagnostics if d["code"] == "provider.start_failed"]
+        assert len(failed) == 2
+        assert "FileExistsError" in failed[0]["message"] and "could not be prepared" in failed[0]["message"]
+        assert "driver.internal_error" not in codes(diagnostics)  # a failed start, not a bug
+        delays = [d["details"]["delay_ms"] for d in diagnostics if d["code"] == "provider.restarting"]
+        assert delays == [0, 10, 20]  # backed off like any failed start
+        assert len(builds) == 4
+        assert (await sup.ready()) is ScriptedAdapter.instances[-1]
+
+
+async def test_a_first_build_that_raises_does_not_raise_out_of_the_constructor(tmp_path: Path) -> None:
+    diagnostics: list[dict[str, Any]] = []
+    calls: list[int] = []
+    session = SessionConfig(id="s", agent_id="a", kind="cattle", cwd=str(tmp_path), state_dir=str(tmp_path))
+    config = AdapterConfig(
+        session=session,
+        execution=ExecutionConfig(revision="r", runtime="acp"),
+        state_dir=tmp_path,
+        project_root=tmp_path,
+    )
+    ports, _, _ = recording_ports(tmp_path)
+
+    def build() -> Adapter:
+        calls.append(1)
+        if len(calls) == 1:
+            raise NotADirectoryError(20, "Not a directory", "providers/acp/home")
+        return ScriptedAdapter(config, ports)
+
+    async with supervised(tmp_path, diagnostics, build=build) as sup:
+        await sup.boot()
+        with pytest.raises(ProviderError) as failed:
+            await sup.ready()
+        assert failed.value.code == "provider.start_failed"
+        await wait_codes(diagnostics, "provider.restarted")
+        assert (await sup.ready()) is ScriptedAdapter.instances[-1]

@@ -29,6 +29,8 @@ for an agent that has no model:
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
 - `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
+- `[[own-shell:CMD]]`: run CMD as the agent's own child (a tool inside the provider's tree, as Codex's
+  shell is; `kill -9 $PPID` there kills the agent itself); reply "exit N: OUTPUT".
 - `[[bigtool:N]]` / `[[bignested:N]]`: a completed tool call with N bytes of output, as one text or as
   nested objects and arrays (rawOutput); reply "big N".
 - `[[stop:REASON]]`: end the turn with that stopReason (after the reply);
@@ -63,6 +65,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -343,6 +346,9 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = "read: " + r["result"]["content"] if "result" in r else "read error: " + error_text(r)
     elif m := re.search(r"\[\[shell:(.*?)\]\]", text, re.S):
         reply = shell(session_id, m.group(1))
+    elif m := re.search(r"\[\[own-shell:(.*?)\]\]", text, re.S):
+        done = subprocess.run(["sh", "-c", m.group(1)], capture_output=True, text=True, check=False)
+        reply = f"exit {done.returncode}: {done.stdout}{done.stderr}"
     elif m := re.search(r"\[\[big(tool|nested):(\d+)\]\]", text):
         reply = big_tool(session_id, nested=m.group(1) == "nested", size=int(m.group(2)))
     elif "[[garbage]]" in text:
