@@ -110,7 +110,10 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
             return boot_mod.EX_CONFIG
-        return anyio.run(kernel.serve)
+        status = anyio.run(kernel.serve)
+        if kernel.left_journaled:
+            print(_left_journaled(kernel), file=sys.stderr)
+        return status
     except Exception as exc:
         # The last line of the supervision boundary (driver.kernel.guard): whatever escaped every unit
         # ends the process with the README's 70 (the journal keeps what was not sent), never exit 1
@@ -122,6 +125,22 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         return EX_SOFTWARE
     finally:
         lock.release()
+
+
+def _left_journaled(kernel: Any) -> str:
+    """The last line of a stop that could not deliver everything (exit 70): how many, why, what next."""
+    link = kernel.link
+    n = kernel.left_journaled
+    if link is None or link.is_open:
+        why = "the control plane did not store them within the drain bound"
+    elif link.dials.ever_open:
+        why = f"the link to {link.dials.url} was lost"
+    else:
+        why = f"the control plane at {link.dials.url} was never reached"
+    return (
+        f"agent-driver: stopped with {n} lossless event{'s' if n != 1 else ''} still journaled ({why}); "
+        "a driver started on the same state_dir sends them; exiting 70"
+    )
 
 
 def _secrets(payload: Any) -> list[str]:
