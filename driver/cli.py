@@ -69,7 +69,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     try:
         check_transport(payload.control)
     except TransportRefused as exc:
-        print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+        print(f"agent-driver: boot: invalid payload: {exc}; {boot_mod.MINT_AGAIN}", file=sys.stderr)
         return boot_mod.EX_CONFIG
     logs.add(_secrets(payload))
     from pathlib import Path
@@ -108,7 +108,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         try:
             kernel = Kernel(payload, started_at=t0)
         except ValueError as exc:
-            print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+            print(f"agent-driver: boot: invalid payload: {exc}; {boot_mod.MINT_AGAIN}", file=sys.stderr)
             return boot_mod.EX_CONFIG
         status = anyio.run(kernel.serve)
         if kernel.left_journaled:
