@@ -20,6 +20,17 @@ MAX_BOOT_BYTES = 1024 * 1024
 ENV_BOOT_FILE = "AGENT_DRIVER_BOOT_FILE"
 EX_CONFIG = 78
 ALLOWED_MODES = (0o600, 0o400)
+# Said after every refusal of a payload that was read: the driver has already deleted it (PROTOCOL §1
+# unlinks before parsing), so a rerun would only find nothing. The reference control plane's minting
+# command is the example; any control plane's own minting does the same.
+MINT_AGAIN = (
+    "the payload file is deleted (a payload is single-use): mint a new one (mode 0600), "
+    "e.g. `agent-driver controlplane boot --out PATH ...`"
+)
+NOT_FOUND_HINT = (
+    "a payload is single-use and the driver deletes it as it starts, so a second run finds nothing: "
+    "mint a new one, e.g. `agent-driver controlplane boot --out PATH ...`"
+)
 
 
 class BootError(Exception):
@@ -43,7 +54,7 @@ def _open(path: str) -> int:
     try:
         return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise BootError(f"boot: payload file not found: {path}") from None
+        raise BootError(f"boot: payload file not found: {path} ({NOT_FOUND_HINT})") from None
     except OSError as exc:
         if os.path.islink(path):
             raise BootError(f"boot: payload file is a symlink, refused: {path}") from None
@@ -102,17 +113,17 @@ def _zero(fd: int) -> bool:
         return False
 
 
-def _destroy(path: str, fd: int) -> None:
-    """Unlink the payload path (for a symlink: the link, never its target).
+def _destroy(path: str, fd: int) -> bool:
+    """Unlink the payload path (for a symlink: the link, never its target); True if it was unlinked.
 
     If unlinking fails, the file we opened is overwritten with zeros, whether it was accepted or
     refused for its mode, owner or size, and the driver exits 1: the sandbox is at fault, not the payload.
     """
     try:
         os.unlink(path)
-        return
+        return True
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         reason = exc.strerror
     if fd >= 0 and _zero(fd):
@@ -137,6 +148,7 @@ _SAFE_MESSAGE = re.compile(
     r"|Input data was truncated|Integer value out of range|Number out of range)"
 )
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([A-Za-z0-9_]{1,64})`$")
+_MISSING_FIELD = re.compile(r"^Object missing required field `([A-Za-z0-9_]+)`$")
 
 
 def _describe(exc: Exception) -> str:
@@ -146,37 +158,56 @@ def _describe(exc: Exception) -> str:
     only the path, and the part of the message known to come from the schema, survive.
     """
     text = str(exc)
+    if text in OWN_MESSAGES:
+        return text  # our own cross-field checks (`__post_init__`) have fixed messages naming the fields
     message, _, where = text.partition(" - at `")
     path = where.rstrip("`")
-    path = "(root)" if path in ("", "$") else path.removeprefix("$.")
-    if not where:
-        # Our own cross-field checks (`__post_init__`) have fixed messages naming the fields.
-        return text if text in OWN_MESSAGES or _SAFE_MESSAGE.match(text) else "invalid payload"
+    path = "" if path in ("", "$") else path.removeprefix("$.")
+    at = f"in `{path}`" if path else "at the top level"
     if (m := _UNKNOWN_FIELD.match(message)) is not None:
-        return f"unknown field `{m.group(1)}` in `{path}`"
+        return _unknown(m.group(1), path, at)
+    if (m := _MISSING_FIELD.match(message)) is not None:
+        return f"missing required field `{m.group(1)}` {at}"
     if message.startswith("Object contains unknown field"):
-        return f"unknown field in `{path}`"
+        return f"unknown field {at}"
     if message.startswith("Invalid enum value"):
-        return f"`{path}` has a value that is not allowed"
+        return f"`{path}` has a value that is not allowed" if path else "a value is not allowed"
     if _SAFE_MESSAGE.match(message):
-        return f"{message} - at `{path}`" if where else message
-    return f"`{path}` is invalid"
+        return f"{message} - at `{path}`" if path else message
+    return f"`{path}` is invalid" if path else "the payload does not match the schema (PROTOCOL §1)"
+
+
+def _unknown(name: str, path: str, at: str) -> str:
+    """`unknown field `sesion` at the top level (did you mean `session`?)`: the name is the typo's own
+    (a field name, [A-Za-z0-9_], never a value), the suggestion one of the schema's names."""
+    from driver.protocol.boot import BootPayload
+    from driver.protocol.boot_fields import suggestion
+
+    meant = suggestion(BootPayload, path, name)
+    return f"unknown field `{name}` {at}" + (f" (did you mean `{meant}`?)" if meant else "")
 
 
 def read_boot_payload(path: str) -> BootPayload:
     """Read, destroy, then validate. The path is removed whatever went wrong, so a rejected payload
-    (wrong mode, wrong owner, too large, invalid) does not linger with a secret in it."""
+    (wrong mode, wrong owner, too large, invalid) does not linger with a secret in it; its refusal
+    then says so, and that a new one must be minted."""
     fd = -1
+    removed = False
     try:
-        fd = _open(path)
-        data = _read_checked(fd, path)
-    finally:
         try:
-            _destroy(path, fd)
+            fd = _open(path)
+            data = _read_checked(fd, path)
         finally:
-            if fd >= 0:
-                os.close(fd)
-    return parse_payload(data)
+            try:
+                removed = _destroy(path, fd)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        return parse_payload(data)
+    except BootError as exc:
+        if removed and exc.exit_code == EX_CONFIG:
+            raise BootError(f"{exc}; {MINT_AGAIN}") from None
+        raise
 
 
 def load(cli_path: str | None) -> BootPayload:

@@ -69,7 +69,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     try:
         check_transport(payload.control)
     except TransportRefused as exc:
-        print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+        print(f"agent-driver: boot: invalid payload: {exc}; {boot_mod.MINT_AGAIN}", file=sys.stderr)
         return boot_mod.EX_CONFIG
     logs.add(_secrets(payload))
     from pathlib import Path
@@ -110,9 +110,12 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         try:
             kernel = Kernel(payload, started_at=t0)
         except ValueError as exc:
-            print(f"agent-driver: boot: invalid payload: {exc}", file=sys.stderr)
+            print(f"agent-driver: boot: invalid payload: {exc}; {boot_mod.MINT_AGAIN}", file=sys.stderr)
             return boot_mod.EX_CONFIG
-        return anyio.run(kernel.serve)
+        status = anyio.run(kernel.serve)
+        if kernel.left_journaled:
+            print(_left_journaled(kernel), file=sys.stderr)
+        return status
     except Exception as exc:
         # The last line of the supervision boundary (driver.kernel.guard): whatever escaped every unit
         # ends the process with the README's 70 (the journal keeps what was not sent), never exit 1
@@ -124,6 +127,22 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
         return EX_SOFTWARE
     finally:
         lock.release()
+
+
+def _left_journaled(kernel: Any) -> str:
+    """The last line of a stop that could not deliver everything (exit 70): how many, why, what next."""
+    link = kernel.link
+    n = kernel.left_journaled
+    if link is None or link.is_open:
+        why = "the control plane did not store them within the drain bound"
+    elif link.dials.ever_open:
+        why = f"the link to {link.dials.url} was lost"
+    else:
+        why = f"the control plane at {link.dials.url} was never reached"
+    return (
+        f"agent-driver: stopped with {n} lossless event{'s' if n != 1 else ''} still journaled ({why}); "
+        "a driver started on the same state_dir sends them; exiting 70"
+    )
 
 
 def _secrets(payload: Any) -> list[str]:

@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from driver import logs, tasks
 from driver.protocol.batching import BatchLimit
 from driver.protocol.boot import ControlConfig
+from driver.protocol.dial_report import DialReporter
 from driver.protocol.frames import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
@@ -127,6 +128,10 @@ class Link:
         self.reconnects = 0
         self.batches = BatchLimit(MAX_FRAME_BYTES)
         self._clamps_logged: set[tuple[str, int]] = set()
+        # Why the last dial failed before a socket was open (None: it opened); read when the redial
+        # is scheduled, where the delay is known (driver.protocol.dial_report says what is logged).
+        self.dials = DialReporter(control.url)
+        self._dial_error: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -166,8 +171,13 @@ class Link:
         def reconnecting(state: RetryCallState) -> None:
             assert state.outcome is not None and state.next_action is not None
             self.reconnects += 1
+            delay = state.next_action.sleep
+            if self._dial_error is not None:
+                self._report_dial_failure(self._dial_error, delay)
+                self._dial_error = None
+                return
             reason = state.outcome.result().reason
-            log.info("link.reconnecting", delay_s=round(state.next_action.sleep, 3), reason=reason)
+            log.info("link.reconnecting", delay_s=round(delay, 3), reason=reason)
 
         retrying = AsyncRetrying(
             retry=retry_if_result(lambda reaction: bool(reaction.reconnect)),
@@ -179,6 +189,14 @@ class Link:
         )
         reaction: CloseReaction = await retrying(dial)
         return reaction
+
+    def _report_dial_failure(self, error: str, delay: float) -> None:
+        """A warning for the first failed dial of a streak and one a minute after it; debug between."""
+        report = self.dials.failed(self._clock(), error, delay)
+        if report is not None:
+            log.warning("link.dial_failed", **report.fields())
+        else:
+            log.debug("link.dial_failed", url=self.dials.url, attempts=self.dials.attempts, error=error)
 
     async def _dial(self) -> CloseReaction:
         """One connection, with a bug outside its tasks (the dial, the close bookkeeping) contained: it
@@ -210,12 +228,15 @@ class Link:
         except InvalidStatus as exc:
             self.first_dial_done.set()
             status = exc.response.status_code
-            log.warning("link.refused", http_status=status)
             code = {401: 4401, 403: 4403}.get(status)
+            if code is not None:
+                log.warning("link.refused", http_status=status, url=self.dials.url)
+            else:
+                self._dial_error = f"HTTP {status} (no driver WebSocket endpoint at this URL)"
             return self.core.closed(code, self._clock())
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             self.first_dial_done.set()
-            log.info("link.dial_failed", error=type(exc).__name__, detail=str(exc)[:200])
+            self._dial_error = f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__
             return self.core.closed(None, self._clock())
         self._ws = ws
         try:
@@ -273,6 +294,7 @@ class Link:
             return
         frame = self.core.frame(frame, self._clock())
         if isinstance(frame, Welcome):
+            self.dials.opened()
             self._log_clamps()
             log.info(
                 "link.open",

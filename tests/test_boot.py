@@ -340,3 +340,42 @@ def test_the_bounds_themselves_are_taken(tmp_path: Path, path: str, low: int, hi
         _with_proxy(p, path)
         _set(p, path, value)
         read_boot_payload(str(write(tmp_path / "boot.json", json.dumps(p))))
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_a_top_level_typo_is_named_with_the_field_it_meant(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    p["sesion"] = p.pop("session")
+    proc = run_driver(write(tmp_path / "boot.json", json.dumps(p)))
+    line = one_line(proc)
+    assert proc.returncode == 78
+    # Not "invalid payload: invalid payload" (issue 35): the field, and the one it most likely meant.
+    assert "unknown field `sesion` at the top level (did you mean `session`?)" in line
+    assert "mint a new one" in line and TOKEN not in proc.stderr
+
+
+def test_a_missing_top_level_field_is_named(tmp_path: Path) -> None:
+    p = payload(tmp_path)
+    del p["session"]
+    line = one_line(run_driver(write(tmp_path / "boot.json", json.dumps(p))))
+    assert "missing required field `session` at the top level" in line
+
+
+def test_a_refused_mode_and_the_rerun_both_say_to_mint_a_new_payload(tmp_path: Path) -> None:
+    f = write(tmp_path / "boot.json", json.dumps(payload(tmp_path)), 0o644)
+    proc = run_driver(f)
+    line = one_line(proc)
+    assert proc.returncode == 78
+    assert "mode 0644 is refused" in line
+    assert "the payload file is deleted (a payload is single-use): mint a new one (mode 0600)" in line
+    assert "agent-driver controlplane boot" in line
+    assert not f.exists()  # deleted before parsing, as PROTOCOL §1 asks
+    again = run_driver(f)
+    line = one_line(again)
+    assert again.returncode == 78
+    assert "payload file not found" in line and "single-use" in line and "mint a new one" in line

@@ -9,6 +9,7 @@ from agent_lab.dev.follow import Following, new_run
 
 def test_typed_lines_commands_queue_and_words() -> None:
     assert typed.parse("/status\n") == typed.Typed("status")
+    assert typed.parse("/link") == typed.Typed("link")  # a fresh console login link
     assert typed.parse("  /exit  ") == typed.Typed("quit")
     assert typed.parse("/queue  then this \r\n") == typed.Typed("queue", "then this")
     assert typed.parse("/queue") == typed.Typed("queue", "")

@@ -117,6 +117,23 @@ async def test_dev_prints_the_console_url_and_both_views_stay_in_step(tmp_path: 
         assert (await screen.line_with("[status]")).endswith("completed")
         assert (workdir / "workspace" / "from-dev.txt").read_text() == "made in step"
 
+        # The banner's link is used: opened again, the login page says how to get a new one; /link in
+        # the chat prints a fresh one-time link that logs in (the console's token lives in memory only).
+        await asyncio.to_thread(browser.delete_all_cookies)
+        await asyncio.to_thread(browser.get, url)
+        hint = await asyncio.to_thread(
+            _wait, browser, lambda b: b.find_element("css selector", "p.hint").text, "the login page's hint"
+        )
+        assert "was used already" in browser.find_element("css selector", "p.error").text
+        assert "/link" in hint
+        await type_line("/link")
+        fresh = (await screen.line_with("[dev] console login link (works once): ", 30)).rsplit(" ", 1)[1]
+        assert fresh != url and "/?login=" in fresh
+        await asyncio.to_thread(browser.get, fresh)
+        await asyncio.to_thread(
+            _wait, browser, lambda b: b.find_elements("css selector", '#link-state[data-link="connected"]'), "in again"
+        )
+
         # Stopped from the browser: the terminal says so and ends cleanly.
         await asyncio.to_thread(_click_until_noticed, browser, "#stop-driver", "session.stop queued")
         await screen.wait_for("[console] session.stop: the driver is stopping")

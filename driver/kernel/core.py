@@ -134,6 +134,7 @@ class Kernel:
         self.tamper_reports = TamperReports(self)
         self.run: Run | None = None
         self.exit_status: int | None = None
+        self.left_journaled = 0  # lossless events a stop left unsent (exit 70): the CLI's last line says so
         self.done = anyio.Event()
         self.assembled = anyio.Event()  # the rooms are built
         self.ready = anyio.Event()  # ... and recovery is done: the link's hooks may go on

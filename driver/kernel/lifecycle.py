@@ -176,6 +176,11 @@ class Lifecycle:
             await k.provider.proxy.close()
         await k.outbox.flush()
         drained = not drain  # nothing more can be delivered: what is journaled stays journaled
+        if drain and requested_by == "signal" and not (k.link is not None and k.link.is_open):
+            # A signal while the link is down (never connected, or redialing): the person or the
+            # sandbox wants the process gone now, and no receipt can come without a link. What is
+            # journaled stays journaled for the next driver on this state_dir (exit 70 if any).
+            drain = False
         if drain:
             with anyio.move_on_after(k.options.stop_drain_timeout_s):
                 await k.outbox.drained()
@@ -197,10 +202,11 @@ class Lifecycle:
                         "driver.drain_timeout", f"{k.outbox.pending_count} events remain journaled", True
                     ),
                 )
-        if drained:
+        if drained or k.outbox.pending_count == 0:
             k.exit_status = 0
         else:
             log.error("driver.drain_incomplete", remaining=k.outbox.pending_count)
+            k.left_journaled = k.outbox.pending_count
             k.exit_status = EXIT_DRAIN_INCOMPLETE
         k.fire("stopped")
         k.done.set()

@@ -140,8 +140,8 @@ async def test_without_a_running_control_plane_it_says_so(
     assert await mint(argv) == 2
     assert "is the control plane running?" in capsys.readouterr().err
     # --cp-url needs no control plane at all (a payload minted ahead of time).
-    assert await mint([*argv, "--cp-url", "ws://cp.example:8765/driver"]) == 0
-    assert json.loads((tmp_path / "b.json").read_text())["control"]["url"] == "ws://cp.example:8765/driver"
+    assert await mint([*argv, "--cp-url", "wss://cp.example:8765/driver"]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["control"]["url"] == "wss://cp.example:8765/driver"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")

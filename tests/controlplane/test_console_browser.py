@@ -116,7 +116,9 @@ def test_login_shows_the_instance_connected(console: Console) -> None:
     fields = console.one("#summary-fields").text
     assert "claude-agent-sdk" in fields and "cattle" in fields
     # The driver's heartbeat activity and its own log lines (log.records) reach the page.
-    console.wait(lambda _: "provider_pid=" in console.css('dd[data-field="activity"]')[-1].text, "activity")
+    # Folded under Diagnostics (the conversation comes first): read without opening it.
+    activity = 'dd[data-field="activity"]'
+    console.wait(lambda _: "provider_pid=" in console.css(activity)[-1].get_attribute("textContent"), "activity")
     assert "driver log line" in console.one('.ev[data-kind="log.records"]').text
     console.shot("01-connected")
 
@@ -135,11 +137,29 @@ def test_a_reply_streams_then_settles(console: Console) -> None:
     console.shot("02-reply-settled")
 
 
+IN_VIEW = """
+const r = arguments[0].getBoundingClientRect();
+const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+return r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth
+    && (hit === arguments[0] || arguments[0].contains(hit));
+"""
+
+
+def in_view(console: Console, element: Any) -> bool:
+    """Within the viewport and not covered: what a person sees without scrolling."""
+    return bool(console.browser.execute_script(IN_VIEW, element))
+
+
 def _permission_step(console: Console, text: str, allow: bool, name: str) -> tuple[str, str]:
+    previous = console.css(".terminal")  # the run before this one ended with its terminal state
     run_id = console.send(text)
     request = console.one('.permission[data-outcome="pending"]')
     tool_call_id = request.get_attribute("data-tool-call-id")
     assert "s left" in request.find_element("css selector", ".time-left").text
+    # The conversation first (issue 35): the prompt's buttons and the last run's end are in view.
+    for button in (".allow", ".deny"):
+        assert in_view(console, request.find_element("css selector", button)), button
+    assert previous and in_view(console, previous[-1]), "the previous run's terminal state"
     console.shot(f"{name}-asked")
     request_id = request.get_attribute("data-request-id")
     request.find_element("css selector", ".allow" if allow else ".deny").click()
@@ -152,7 +172,7 @@ def _permission_step(console: Console, text: str, allow: bool, name: str) -> tup
     console.wait(lambda _: resolve_commands(), "the click's permission.resolve", timeout=30)
     status = "completed" if allow else "declined"
     console.one(f'.tool[data-tool-call-id="{tool_call_id}"][data-status="{status}"]')
-    console.terminal(run_id)
+    assert in_view(console, console.terminal(run_id)), "this run's terminal state"
     outcome = request.get_attribute("data-outcome")
     notice = console.one("#notice").text
     assert outcome == ("allowed" if allow else "rejected"), (resolve_commands(), notice)
@@ -166,7 +186,13 @@ def test_an_allowed_permission_lets_the_tool_complete(console: Console) -> None:
 
 
 def test_a_denied_permission_declines_the_tool(console: Console) -> None:
-    _, tool_call_id = _permission_step(console, "[[write:denied.txt:never]]", False, "04-permission-deny")
+    # At 1400x900, after runs with activity, timing, log and diagnostic cards; docs/console.png is
+    # this step's "asked" screenshot.
+    viewport(console.browser, 1400, 900)
+    try:
+        _, tool_call_id = _permission_step(console, "[[write:denied.txt:never]]", False, "04-permission-deny")
+    finally:
+        viewport(console.browser, 1280, 800)
     assert not (console.cwd / "denied.txt").exists()
     completed = [e for e in console.cp.events("tool.completed") if e["payload"]["tool_call_id"] == tool_call_id]
     assert completed[-1]["payload"]["status"] == "declined"

@@ -96,10 +96,12 @@ async def test_the_page_renders_each_kind_from_the_store(cp: ControlPlane, tmp_p
         browser = chromium(tmp_path / "profile", tmp_path / "downloads")
         try:
             browser.get(url)
-            fields = _until(
-                browser, lambda b: "412.5" in b.find_element("css selector", "#summary-fields").text and
-                b.find_element("css selector", "#summary-fields").text, "the heartbeat's activity"
+            # The session's line, and the heartbeat's figures (folded under Diagnostics: textContent).
+            diagnostics = _until(
+                browser, lambda b: "412.5" in (t := b.find_element("css selector", "#diagnostic-fields")
+                .get_attribute("textContent")) and t, "the heartbeat's activity"
             )  # fmt: skip
+            fields = browser.find_element("css selector", "#summary-fields").text + "\n" + diagnostics
             failed = _one(browser, ".terminal.run-failed")
             thought = _one(browser, "details.thought")
             message = _one(browser, ".message")

@@ -65,5 +65,6 @@ async def test_hostile_links_time_out_and_reconnect_losing_nothing(tmp_path: Any
             assert 1009 in closed  # the 100 MiB frame: "message too big"
             assert 4400 in closed  # a frame before welcome
             assert 4408 in closed  # silence: no pong, no frame for 3 heartbeat intervals
-            assert any(e.get("event") == "link.dial_failed" and e.get("error") == "TimeoutError" for e in logs)
+            failed = [e.get("error", "") for e in logs if e.get("event") == "link.dial_failed"]
+            assert any(error.startswith("TimeoutError") for error in failed)
             assert [c.mode for c in proxy.connections][: len(modes) + 1] == [*modes, "pass"]

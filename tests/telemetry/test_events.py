@@ -99,7 +99,7 @@ async def test_log_lines_from_before_the_first_welcome_are_delivered(tmp_path: P
         )
         assert event["delivery"] == "best_effort"
         record = next(r for r in event["payload"]["records"] if r["message"] == "link.dial_failed")
-        assert record["logger"] == "driver.link" and record["level"] == "info"
+        assert record["logger"] == "driver.link" and record["level"] == "warning"
         assert record["at"].endswith("Z") and "error" in record["fields"]
         assert record["at"] <= event["occurred_at"]  # logged before the batch that carried it
         stored = json.dumps([e["payload"] for e in cp.events(INSTANCE) if e["kind"] == "log.records"])

@@ -201,13 +201,31 @@ def build_payload(args: argparse.Namespace, *, control_url: str, token: str, env
 def encode_checked(payload: Mapping[str, Any]) -> bytes:
     """The payload as the driver will read it; MintError naming the field when the driver would refuse it."""
     from driver.boot import BootError, parse_payload
+    from driver.link import TransportRefused, check_transport
 
     data = json.dumps(payload).encode()
     try:
-        parse_payload(data)
+        boot = parse_payload(data)
     except BootError as exc:  # its message names the field, never a value
         raise MintError(str(exc)) from None
+    try:
+        check_transport(boot.control)  # what `agent-driver run` checks before it dials (exit 78)
+    except TransportRefused as exc:
+        raise MintError(f"{exc}, and the driver would refuse it; {transport_hint(boot.control.url)}") from None
     return data
+
+
+def transport_hint(url: str) -> str:
+    """The next step for a control URL the driver refuses: what to give instead."""
+    from urllib.parse import urlsplit
+
+    if urlsplit(url).scheme in ("http", "https"):
+        return (
+            "the driver dials a WebSocket: give --cp-url the control plane's driver endpoint "
+            "(ws://127.0.0.1:8765/driver for `agent-driver controlplane` on its default port, wss:// for "
+            "another host), not its HTTP API, or leave --cp-url out to ask the control plane for it"
+        )
+    return "give --cp-url a wss:// URL, a ws:// one to a loopback host, or add --insecure-transport"
 
 
 # -- I/O -------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import secrets
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
     from agent_lab.controlplane.server import ControlPlane
 
 import tenacity
+
+from driver.protocol.commands import COMMAND_KINDS
 
 CLIENT_COMMANDS = ("send", "events", "commands", "checkpoints", "faults", "terminate")
 
@@ -133,6 +136,11 @@ def _serve(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if taken := _taken_ports(args):
+        # Before anything is created or logged: the line is all a newcomer sees (a second control
+        # plane). A port taken between this check and the listen is caught in _run_server too.
+        print(f"agent-driver controlplane: {_in_use(*taken[0])}", file=sys.stderr)
+        return 1
     artifact_roots = _artifact_roots(args.artifacts)
     token = read_or_create_token(args.token_file)
     console_token = (
@@ -181,7 +189,15 @@ async def _run_server(args: argparse.Namespace, token: str, console_token: str, 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with cp:
+    try:
+        await cp.start()
+    except OSError as exc:
+        await cp.stop()  # the listener that did start (the WebSocket one when the HTTP port was taken)
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        print(f"agent-driver controlplane: {_listen_failure(exc, args)}", file=sys.stderr)
+        return 1
+    try:
         print(f"control plane: {cp.url}  api: {cp.http_url or '-'}", file=sys.stderr, flush=True)
         if cp.http_url is not None:
             shown = args.console_token_file is None
@@ -189,7 +205,45 @@ async def _run_server(args: argparse.Namespace, token: str, console_token: str, 
             url = console_login_url(cp, shown)
             print(f"console: {url}{where}", file=sys.stderr, flush=True)
         await stop.wait()
+    finally:
+        await cp.__aexit__(None, None, None)  # started above, so that a taken port is one line
     return 0
+
+
+def _listen_failure(exc: OSError, args: argparse.Namespace) -> str:
+    """One line for a port this control plane cannot listen on: which, and what to do."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {args.host} / {args.http_host}: no such local address (--host, --http-host)"
+    taken = _taken_ports(args)
+    return _in_use(*taken[0]) if taken else _in_use("--port or --http-port", args.host, args.port)
+
+
+def _taken_ports(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(flag, host, port) of each port this control plane would listen on that is taken now."""
+    wanted = [("--port", args.host, args.port), ("--http-port", args.http_host, args.http_port)]
+    return [(flag, host, port) for flag, host, port in wanted if port > 0 and _taken(host, port)]
+
+
+def _in_use(flag: str, host: str, port: int) -> str:
+    then = " (boot payloads then name the new one in control.url)" if flag == "--port" else ""
+    return (
+        f"{host}:{port} is already in use (another control plane, or another program, listens there): "
+        f"stop it, or choose another {flag}{then}"
+    )
+
+
+def _taken(host: str, port: int) -> bool:
+    """True when `host:port` cannot be bound now (asked after a failed start, to name the port)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 # -- client -------------------------------------------------------------------------------------
@@ -216,7 +270,15 @@ def _client(command: str, argv: list[str]) -> int:
         p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
         p.add_argument("--reset", action="store_true")
     args = parse(p, argv)
-    token = args.token_file.read_text().strip()
+    prog = f"agent-driver controlplane {command}"
+    if command == "send" and args.kind not in COMMAND_KINDS:
+        print(f"{prog}: {unknown_kind(args.kind)}", file=sys.stderr)
+        return 2
+    try:
+        token = args.token_file.read_text().strip()
+    except OSError as exc:
+        print(f"{prog}: cannot read --token-file {args.token_file}: {exc.strerror}", file=sys.stderr)
+        return 2
     base = args.url.rstrip("/")
 
     if command == "faults":
@@ -229,7 +291,12 @@ def _client(command: str, argv: list[str]) -> int:
 
     prefix = "/api/instances/" + urllib.parse.quote(args.instance, safe="")
     if command == "send":
-        return _show(_call(base, token, "POST", prefix + "/commands", _command_body(args)))
+        try:
+            body = _command_body(args)
+        except ValueError as exc:  # --json that is not JSON
+            print(f"{prog}: --json is not valid JSON: {exc}", file=sys.stderr)
+            return 2
+        return _show(_call(base, token, "POST", prefix + "/commands", body), prog)
     if command == "events":
         query: list[tuple[str, str]] = [("kind", k) for k in args.kind or []]
         if args.after_seq is not None:
@@ -317,7 +384,24 @@ RETRY_REFUSED = tenacity.Retrying(
 )
 
 
-def _show(answer: tuple[int, Any]) -> int:
+def unknown_kind(kind: str) -> str:
+    """The line for a command kind the protocol does not have (the closest known one suggested)."""
+    import difflib
+
+    close = difflib.get_close_matches(kind, COMMAND_KINDS, n=1)
+    meant = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown --kind {kind!r}{meant} (known: {', '.join(COMMAND_KINDS)})"
+
+
+def _show(answer: tuple[int, Any], prog: str = "agent-driver controlplane") -> int:
+    """The answer's JSON on stdout; for a refusal, also its error in one line on stderr (exit 1)."""
     status, body = answer
     print(json.dumps(body, indent=2))
-    return 0 if 200 <= status < 300 else 1
+    if 200 <= status < 300:
+        return 0
+    error = body.get("error") if isinstance(body, dict) else None
+    if status == 0:
+        print(f"{prog}: {error}; is the control plane running there? (--url)", file=sys.stderr)
+    else:
+        print(f"{prog}: the control plane refused it (HTTP {status}): {error or 'no reason given'}", file=sys.stderr)
+    return 1

@@ -40,6 +40,7 @@ from agent_lab.controlplane.console.httpio import MAX_HEAD, HttpError, Request, 
 from agent_lab.controlplane.link import sendable_close_code
 from agent_lab.controlplane.store import CommandExists
 from driver import logs
+from driver.protocol.commands import COMMAND_KINDS
 from driver.telemetry.activity import describe as describe_activity
 
 if TYPE_CHECKING:
@@ -228,6 +229,12 @@ class HttpApi:
         kind = args.pop("kind", None)
         if not isinstance(kind, str) or not kind:
             raise HttpError(HTTPStatus.BAD_REQUEST, "kind (a string) is required")
+        if kind not in COMMAND_KINDS:
+            # Stored and sent, an unknown kind would only come back `failed` from the driver later:
+            # the API's caller (a person at the CLI, usually) hears it now. The Python API
+            # (ControlPlane.send_command) still sends anything, for tests of the driver's refusal.
+            known = ", ".join(COMMAND_KINDS)
+            raise HttpError(HTTPStatus.BAD_REQUEST, f"unknown command kind {kind[:64]!r} (known: {known})")
         command_id = args.pop("command_id", None)
         if command_id is not None and not isinstance(command_id, str):
             raise HttpError(HTTPStatus.BAD_REQUEST, "command_id must be a string")

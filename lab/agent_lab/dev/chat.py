@@ -129,6 +129,13 @@ class DevChat:
         await self.send("process.start", process_id=process_id, argv=[], pty={"cols": SHELL_COLS, "rows": SHELL_ROWS})
         self.say(f"[dev] shell {process_id} opens in the web console (the console URL above)")
 
+    def console_link(self) -> None:
+        """`/link`: a new one-time login link to the web console. The console's token lives in this
+        process's memory only, so once the banner's link is used (or opened in another browser) this
+        is the way back in."""
+        url = self.cp.console_login_url()
+        self.say(f"[dev] console login link (works once): {url}" if url else "[dev] the web console is off")
+
     async def stop(self, why: str) -> None:
         if self.phase == "stopping":
             return
@@ -264,6 +271,8 @@ class DevChat:
             self.say(HELP)
         elif line.kind == "shell":
             await self.open_shell()
+        elif line.kind == "link":
+            self.console_link()
         elif line.kind == "quit":
             if self.phase == "running":
                 self.say("[dev] quitting when this run ends (Ctrl-C cancels it)")

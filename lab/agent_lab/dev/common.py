@@ -24,7 +24,8 @@ PROVIDER_SECRETS = frozenset({"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPEN
 OFFLINE_MARKERS = "try [[say:TEXT]], [[shell:CMD]], [[write:PATH:TEXT]], [[think]], or [[slow]] then Ctrl-C"
 HELP = (
     "Type a message and press Enter; a line typed during a reply steers it, /queue TEXT runs TEXT after it."
-    " /status shows the link; /shell opens a terminal in the web console; /quit or Ctrl-D leaves;"
+    " /status shows the link; /shell opens a terminal in the web console; /link prints a fresh console login"
+    " link (each works once); /quit or Ctrl-D leaves;"
     " Ctrl-C cancels a reply."
 )
 SHELL_COLS, SHELL_ROWS = 120, 30  # /shell's terminal until the console fits it to its pane

@@ -1,17 +1,18 @@
-"""What a line typed into the chat means (no I/O): a command (`/status`, `/help`, `/shell`, `/quit`,
-`/queue TEXT`), words for the agent, or the answer to a permission prompt."""
+"""What a line typed into the chat means (no I/O): a command (`/status`, `/help`, `/shell`, `/link`,
+`/quit`, `/queue TEXT`), words for the agent, or the answer to a permission prompt."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-TypedKind = Literal["status", "help", "shell", "quit", "queue", "say", "empty"]
+TypedKind = Literal["status", "help", "shell", "link", "quit", "queue", "say", "empty"]
 
 _COMMANDS: dict[str, TypedKind] = {
     "/status": "status",
     "/help": "help",
     "/shell": "shell",
+    "/link": "link",
     "/quit": "quit",
     "/exit": "quit",
 }

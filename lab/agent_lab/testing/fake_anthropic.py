@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_lab.testing.http_fake import JsonHandler, QuietServer, ServedFake, serve_until_interrupted
+from agent_lab.testing.http_fake import JsonHandler, QuietServer, ServedFake, listen_or_exit, serve_until_interrupted
 from agent_lab.testing.script import (
     DEFAULT_TEXT,
     ERROR_MESSAGE,
@@ -320,8 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     args = parser.parse_args(argv)
-    fake = FakeAnthropic(args.host, args.port)
-    serve_until_interrupted(fake, "fake Anthropic Messages API")
+    label = "fake Anthropic Messages API"
+    fake = listen_or_exit(lambda: FakeAnthropic(args.host, args.port), args.host, args.port, label)
+    serve_until_interrupted(fake, label)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ from openai.types.responses.response_reasoning_summary_part_done_event import Pa
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel
 
-from agent_lab.testing.http_fake import JsonHandler, QuietServer, ServedFake, serve_until_interrupted
+from agent_lab.testing.http_fake import JsonHandler, QuietServer, ServedFake, listen_or_exit, serve_until_interrupted
 from agent_lab.testing.responses_plan import (
     Reply,
     Step,
@@ -534,8 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
     args = parser.parse_args(argv)
-    fake = FakeResponses(args.host, args.port)
-    serve_until_interrupted(fake, "fake OpenAI Responses API")
+    label = "fake OpenAI Responses API"
+    fake = listen_or_exit(lambda: FakeResponses(args.host, args.port), args.host, args.port, label)
+    serve_until_interrupted(fake, label)
 
 
 if __name__ == "__main__":

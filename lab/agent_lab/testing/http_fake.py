@@ -4,13 +4,17 @@ background thread, closable, usable as a context manager, and runnable from the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
+
+F = TypeVar("F", bound="ServedFake")
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -96,3 +100,19 @@ def serve_until_interrupted(fake: ServedFake, label: str) -> None:
         threading.Event().wait()
     except KeyboardInterrupt:
         fake.close()
+
+
+def listen_or_exit(make: Callable[[], F], host: str, port: int, label: str) -> F:
+    """`make()`, the fake listening; a port already taken ends the process with one line naming the
+    port and what to do (exit 1), never a traceback: a newcomer's second `python -m ... --port 8089`."""
+    try:
+        return make()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise SystemExit(
+                f"{label}: port {port} on {host} is already in use (is one already running there?): "
+                "stop that one, or pass another --port (and point the base URL at it)"
+            ) from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise SystemExit(f"{label}: cannot listen on {host}:{port}: no such local address (--host)") from None
+        raise

@@ -162,7 +162,10 @@ class Console:
             if self.codes.redeem(code):
                 await self._start_session(writer)
             else:
-                message = "That login link was used already (or has expired): log in with the console token."
+                message = (
+                    "That login link was used already (or has expired): get a new one (below), "
+                    "or log in with the console token."
+                )
                 await self._login_page(writer, HTTPStatus.UNAUTHORIZED, message)
         elif request.arg("token") is not None:
             # The token never travels in a URL (history, logs, Referer): only the form takes it.

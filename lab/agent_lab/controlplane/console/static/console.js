@@ -49,6 +49,7 @@ function text(value) {
 function notice(message, isError = false) {
   const node = document.getElementById("notice");
   node.textContent = message;
+  node.title = message; // the line never wraps (nothing below it moves): the whole text on hover
   node.classList.toggle("error", isError);
 }
 
@@ -132,6 +133,7 @@ function select(instanceId) {
   state.seen = new Set();
   history.replaceState(null, "", `#instance=${encodeURIComponent(instanceId)}`);
   document.getElementById("timeline").replaceChildren();
+  document.getElementById("waiting").replaceChildren();
   document.getElementById("summary").hidden = false;
   document.getElementById("composer").hidden = false;
   document.getElementById("summary-id").textContent = instanceId;
@@ -166,25 +168,33 @@ function showSummary(s) {
   const outbox = s.outbox || {};
   // Fields that do not apply are null (PROTOCOL §2.5): show the rest.
   const activity = Object.fromEntries(Object.entries(s.activity || {}).filter(([, v]) => v !== null));
+  // One line, always (it never wraps): a heartbeat must not change the height of what is above the
+  // timeline, or every row and button below it moves under the pointer (a lost Deny click).
+  // What changes first (cut last when the line is too long for the window), what never changes last.
   const fields = [
-    ["runtime", s.runtime],
-    ["session", s.session_kind],
-    ["epoch", s.epoch],
     ["state", s.state],
     ["run", s.run_id],
     ["queued", (s.queued || []).length ? s.queued.join(", ") : "-"],
+    ["provider restarts", s.provider_restarts],
+    ["epoch", s.epoch],
+    ["runtime", s.runtime],
+    ["session", s.session_kind],
+  ];
+  // What changes at every heartbeat: folded under "Diagnostics".
+  const diagnostics = [
     ["last heartbeat", clock(s.last_heartbeat)],
     ["outbox pending", outbox.lossless_pending],
     ["best-effort drops", outbox.best_effort_dropped],
-    ["provider restarts", s.provider_restarts],
     ["activity", Object.keys(activity).length ? Object.entries(activity).map(([k, v]) => `${k}=${v}`).join(", ") : "-"],
   ];
-  document.getElementById("summary-fields").replaceChildren(
-    ...fields.flatMap(([k, v]) => [
-      el("dt", { text: k }),
-      el("dd", { "data-field": k.replace(/ /g, "-"), text: v === null || v === undefined ? "-" : String(v) }),
-    ]),
-  );
+  const pairs = (list) => list.flatMap(([k, v]) => [
+    el("dt", { text: k }),
+    el("dd", { "data-field": k.replace(/ /g, "-"), text: v === null || v === undefined ? "-" : String(v) }),
+  ]);
+  const line = document.getElementById("summary-fields");
+  line.replaceChildren(...pairs(fields));
+  line.title = fields.map(([k, v]) => `${k} ${v ?? "-"}`).join(" · "); // the whole line, when it is cut
+  document.getElementById("diagnostic-fields").replaceChildren(...pairs(diagnostics));
   const item = document.querySelector(`#instance-list button[data-instance="${CSS.escape(s.instance_id)}"]`);
   if (item) item.dataset.link = s.link;
 }
@@ -209,8 +219,8 @@ function following(update) {
   if (atBottom) timeline.scrollTop = timeline.scrollHeight;
 }
 
-function rawDetails(event) {
-  const raw = {
+function rawOf(event) {
+  return {
     event_id: event.event_id,
     seq: event.seq,
     epoch: event.epoch,
@@ -222,6 +232,10 @@ function rawDetails(event) {
     stored_at: event.stored_at,
     payload: event.payload,
   };
+}
+
+function rawDetails(event) {
+  const raw = rawOf(event);
   return el("details", { class: "raw" }, el("summary", { text: `${event.kind} · seq ${event.seq} · epoch ${event.epoch} · ${event.delivery}` }), el("pre", { text: json(raw) }));
 }
 
@@ -230,6 +244,28 @@ function row(kind, event, cls, ...body) {
   node.append(el("header", {}, el("time", { text: clock(event ? event.occurred_at : null) }), el("span", { class: "kind", text: kind })), ...body);
   if (event) node.append(rawDetails(event));
   return node;
+}
+
+// A row that is not the conversation (diagnostics, timings, log lines, commands, bookkeeping): one line,
+// folded; opening it shows the whole event. The conversation (messages, tools, prompts, terminals)
+// keeps the room.
+function folded(label, event, cls, detail, ...body) {
+  const node = el(
+    "details",
+    { class: `ev folded ${cls || ""}`, "data-kind": event.kind, "data-event-id": event.event_id },
+    el("summary", {}, el("time", { text: clock(event.occurred_at) }), el("span", { class: "kind", text: label }), el("span", { class: "detail", text: detail })),
+    ...body,
+  );
+  node.append(el("pre", { class: "raw-json", text: json(rawOf(event)) }));
+  return node;
+}
+
+// `key=value` pairs of a payload on one line (what a folded row of an unknown kind says).
+function brief(p) {
+  return Object.entries(p || {})
+    .filter(([, v]) => v !== null && v !== undefined && v !== "")
+    .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`)
+    .join(" ");
 }
 
 function keyed(key, make, at, event) {
@@ -244,8 +280,13 @@ function keyed(key, make, at, event) {
   return node;
 }
 
+// A card built from several events (started, completed...) has one raw line for all of them.
 function addRaw(node, event) {
-  node.append(rawDetails(event));
+  const raw = node.querySelector(":scope > details.raw");
+  if (!raw) return node.append(rawDetails(event));
+  raw.append(el("pre", { text: json(rawOf(event)) }));
+  const events = raw.querySelectorAll("pre").length;
+  raw.querySelector("summary").textContent = `${events} events · last: ${event.kind} · seq ${event.seq} · epoch ${event.epoch} · ${event.delivery}`;
 }
 
 function showEvent(event) {
@@ -256,7 +297,7 @@ function showEvent(event) {
   const at = event.stored_at;
   const handler = HANDLERS[event.kind];
   if (handler) handler(event, p, at);
-  else place(row(event.kind, event, "generic", el("pre", { class: "summary", text: text(p) })), at);
+  else place(folded(event.kind, event, "generic", brief(p)), at);
   if (event.kind === "run.started") state.activeRun = p.run_id || event.run_id;
   if (RUN_TERMINALS.has(event.kind) && state.activeRun === event.run_id) state.activeRun = null;
   busyHint();
@@ -356,11 +397,15 @@ function permission(event, p, at) {
     };
     tick();
     state.items.set(`perm:${p.request_id}`, node);
-    place(node, at);
+    // Pending: docked below the timeline until answered (in view, and still under the pointer when
+    // more rows arrive); its place in the timeline is kept for when it is resolved.
+    node.dataset.at = at || "";
+    document.getElementById("waiting").append(node);
   } else {
     const node = state.items.get(`perm:${p.request_id}`);
     const outcome = `${p.outcome} (by ${p.decided_by})`;
     if (node) {
+      if (node.parentElement && node.parentElement.id === "waiting") place(node, node.dataset.at);
       node.dataset.outcome = p.outcome;
       node.querySelectorAll("button").forEach((b) => (b.disabled = true));
       node.querySelector(".time-left").textContent = outcome;
@@ -405,7 +450,8 @@ function runTerminal(event, p, at) {
   const parts = [];
   if (event.kind === "run.completed") parts.push(`stop: ${p.stop_reason}`);
   if (event.kind === "run.failed") parts.push(`${(p.error || {}).code}: ${(p.error || {}).message}`);
-  if (event.kind === "run.cancelled") parts.push(`by ${p.requested_by}`, `phase: ${(p.details || {}).phase}`, p.reason);
+  const phase = (p.details || {}).phase;
+  if (event.kind === "run.cancelled") parts.push(`by ${p.requested_by}`, phase ? `phase: ${phase}` : null, p.reason);
   if (p.dropped_best_effort) parts.push(`${p.dropped_best_effort} best-effort dropped`);
   const spent = state.spend.get(event.run_id);
   if (spent) parts.push(`spent ${money(spent)}`);
@@ -424,7 +470,7 @@ function artifact(event, p, at) {
 function logRecords(event, p, at) {
   const lines = (p.records || []).map((r) => `${clock(r.at)} ${r.level} ${r.logger}: ${r.message}${r.fields && Object.keys(r.fields).length ? " " + JSON.stringify(r.fields) : ""}`);
   const dropped = p.dropped ? `, ${p.dropped} dropped before them` : "";
-  place(row("log", event, "log", el("details", {}, el("summary", { text: `${lines.length} driver log line(s)${dropped}` }), el("pre", { text: lines.join("\n") }))), at);
+  place(folded("log", event, "log", `${lines.length} driver log line(s)${dropped}`, el("pre", { class: "lines", text: lines.join("\n") })), at);
 }
 
 // The spend of each run, from the model proxy's model.usage (one per model request): one row per run,
@@ -458,6 +504,7 @@ function modelUsage(event, p, at) {
 }
 
 const simple = (label, cls, describe) => (event, p, at) => place(row(label, event, cls, el("div", { class: "detail", text: describe(p, event) })), at);
+const quiet = (label, cls, describe) => (event, p, at) => place(folded(label, event, cls, describe(p, event)), at);
 
 const HANDLERS = {
   "message.started": message,
@@ -479,25 +526,26 @@ const HANDLERS = {
   "artifact.produced": artifact,
   "log.records": logRecords,
   "model.usage": modelUsage,
-  "run.started": simple("run.started", "run", (p) => `${p.run_id}: ${p.input_summary || ""}`),
+  "run.started": quiet("run.started", "run", (p) => `${p.run_id}: ${p.input_summary || ""}`),
   "input.steered": simple("steered", "steered", (p) => `${p.mode === "native" ? "into the running turn" : "as one more turn"}: ${p.text}`),
-  "driver.started": simple("driver.started", "driver", (p) => `${p.runtime}, epoch ${p.epoch}, revision ${p.revision}`),
-  "file.changed": simple("file", "file", (p) => `${p.change} ${p.path}`),
-  "usage.updated": simple("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(4)}`),
-  "diagnostic.reported": simple("diagnostic", "diagnostic", (p) => `[${p.severity}] ${p.code}: ${p.message}`),
-  "command.finished": simple("command finished", "command-finished", (p) => `${p.command_kind} ${p.command_id}: ${p.status}`),
+  "driver.started": quiet("driver.started", "driver", (p) => `${p.runtime}, epoch ${p.epoch}, revision ${p.revision}`),
+  "file.changed": quiet("file", "file", (p) => `${p.change} ${p.path}`),
+  "usage.updated": quiet("usage", "usage", (p) => `in ${p.input_tokens} · out ${p.output_tokens} · cached ${p.cached_input_tokens ?? "-"} · cost ${p.cost_usd === null || p.cost_usd === undefined ? "-" : "$" + Number(p.cost_usd).toFixed(4)}`),
+  "diagnostic.reported": quiet("diagnostic", "diagnostic", (p) => `[${p.severity}] ${p.code}: ${p.message}`),
+  "command.finished": quiet("command finished", "command-finished", (p) => `${p.command_kind} ${p.command_id}: ${p.status}`),
   // The output goes to the process's terminal (terminals.js), not to the timeline.
   "process.output": () => {},
-  "process.started": simple("process started", "process", (p) => `${p.process_id}: ${(p.argv || []).join(" ")} (pid ${p.pid})`),
-  "process.exited": simple("process exited", "process", (p) => `${p.process_id}: ${p.signal ? `signal ${p.signal}` : `exit ${p.exit_code}`}, ${p.output_bytes} bytes`),
+  "process.started": quiet("process started", "process", (p) => `${p.process_id}: ${(p.argv || []).join(" ")} (pid ${p.pid})`),
+  "process.exited": quiet("process exited", "process", (p) => `${p.process_id}: ${p.signal ? `signal ${p.signal}` : `exit ${p.exit_code}`}, ${p.output_bytes} bytes`),
   "plan.updated": simple("plan", "plan", (p) => (p.entries || []).map((e) => `${e.status}: ${e.content}`).join("\n")),
   // §8.1: one row per checkpoint, from its manifest; the chunks (base64 of the session files) stay out.
-  "checkpoint.recorded": simple("checkpoint", "checkpoint", (p) => {
+  "checkpoint.recorded": quiet("checkpoint", "checkpoint", (p) => {
     const bytes = (p.files || []).reduce((n, f) => n + f.size, 0);
     return `${p.run_id ? "after " + p.run_id : "at session.stop"} · ${(p.files || []).length} file(s), ${bytes} bytes · ${p.runtime} session ${p.native_ref} · ${p.checkpoint_id}`;
   }),
   "checkpoint.file": () => {},
-  "runtime.session.reset": simple("session reset", "session-reset", (p) => `${p.previous || "-"} → ${p.current || "-"}${p.reason ? " · " + p.reason : ""}`),
+  "runtime.timing.recorded": quiet("timing", "timing", (p) => `${p.phase} at ${Math.round(p.ms)} ms (${p.mode})${p.run_id ? " · " + p.run_id : ""}`),
+  "runtime.session.reset": quiet("session reset", "session-reset", (p) => `${p.previous || "-"} → ${p.current || "-"}${p.reason ? " · " + p.reason : ""}`),
 };
 
 // ---- commands ----------------------------------------------------------------------------------------
@@ -516,10 +564,12 @@ function showCommand(c) {
         el("div", { class: "text", text: input.text || "" }),
         names ? el("div", { class: "meta", text: `attachments: ${names}` }) : null);
     } else {
+      // A command of the console's own (cancel, permission.resolve, reset...): one folded line with
+      // its status; the conversation shows what it did.
       const fields = Object.fromEntries(Object.entries(c.body).filter(([k]) => !["type", "seq", "command_id", "kind"].includes(k)));
-      node = el("article", { class: "ev command", "data-kind": "command" },
-        el("header", {}, el("time", { text: clock(c.created_at) }), el("span", { class: "kind", text: c.kind }), el("span", { class: "status" })),
-        el("details", { class: "raw" }, el("summary", { text: `command ${c.command_id} · seq ${c.seq}` }), el("pre", { text: json(fields) })));
+      node = el("details", { class: "ev folded command", "data-kind": "command" },
+        el("summary", {}, el("time", { text: clock(c.created_at) }), el("span", { class: "kind", text: c.kind }), el("span", { class: "status" })),
+        el("pre", { class: "raw-json", text: `command ${c.command_id} · seq ${c.seq}\n${json(fields)}` }));
     }
     node.dataset.commandId = c.command_id;
     state.items.set(key, node);

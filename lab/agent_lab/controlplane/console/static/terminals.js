@@ -261,7 +261,10 @@ terminals.select = (instanceId, source) => {
   terminals.instance = instanceId;
   terminals.link = null;
   terminals.streamLost = false;
-  document.getElementById("terminals").hidden = false;
+  // Shown once a terminal exists (data-count, console.css): "Open shell" is among the session's actions.
+  const section = document.getElementById("terminals");
+  section.hidden = false;
+  delete section.dataset.count;
   source.addEventListener("stored", (e) => onStored(JSON.parse(e.data)));
   source.addEventListener("instance", (e) => onInstance(JSON.parse(e.data)));
   source.addEventListener("error", () => {
