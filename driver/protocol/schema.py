@@ -77,7 +77,7 @@ def _components() -> dict[str, Schema]:
     }
     defs["CommandFrame"] = {
         "title": "CommandFrame",
-        "description": "A `command` frame: a command with `type` \"command\".",
+        "description": 'A `command` frame: a command with `type` "command".',
         "allOf": [{"$ref": REF.format(name="Command")}],
         "properties": {"type": {"const": "command"}},
         "required": ["type"],

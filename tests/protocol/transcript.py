@@ -110,6 +110,13 @@ async def record(tmp: Path) -> list[Entry]:
         drivers.append(d)
         return d
 
+    async def redialled(close: Any) -> None:
+        """Run `close` (it ends the current link), then wait until the driver is linked again."""
+        closed = len(cp.link_history(INSTANCE))
+        await close()
+        # The old link is in the history before it leaves the table: connected again means redialled.
+        await cp.wait_until(lambda: len(cp.link_history(INSTANCE)) > closed and cp.connected(INSTANCE), 30)
+
     async def exit_of(d: DriverProcess) -> None:
         status = await d.wait(30)
         relay.closes[-1].frame["driver_exit"] = status
@@ -133,10 +140,11 @@ async def record(tmp: Path) -> list[Entry]:
             await cp.wait_for_command_status(cid, timeout=30)
 
             relay.scenario = "The control plane restarts (1012): the driver redials and says hello again"
-            closed = len(cp.link_history(INSTANCE))
-            await cp.restart(1012)
-            # The old link is in the history before it leaves the table: connected again means redialled.
-            await cp.wait_until(lambda: len(cp.link_history(INSTANCE)) > closed and cp.connected(INSTANCE), 30)
+            await redialled(lambda: cp.restart(1012))
+
+            relay.scenario = "Closes the driver redials after (4400, 1011, 1013, 1001): the same epoch again"
+            for code in (4400, 1011, 1013, 1001):
+                await redialled(lambda c=code: cp.close_link(INSTANCE, c, "closed by the transcript"))
 
             relay.scenario = "The driver restarts on its state_dir: epoch 2"
             d1.signal(signal.SIGTERM)
@@ -259,9 +267,14 @@ This file is generated: `tests/protocol/test_transcript.py` reruns the flow, com
 `schemas/frames.schema.json`. After an intended change, regenerate it:
 `AGENT_DRIVER_REGENERATE_TRANSCRIPT=1 .venv/bin/pytest tests/protocol/test_transcript.py`.
 
-Not in this run: 4400 (a protocol violation by the driver: the real driver commits none; its reaction,
-redial and fatal after 5 in a row, is tested in `tests/protocol/`), 4408 and 1001/1006/1011/1013 (the
-driver redials after each as after the 1012 shown here).
+The closes after which the driver redials (1012, 4400, 1011, 1013, 1001) show `driver_exit: null`: the
+driver stayed up and said `hello` again with the same epoch. The reference control plane closes with
+4400 when the driver breaks the protocol (the real driver does not, so the run asks the control plane
+to close with it); after 5 in a row the driver gives up (`driver/protocol/link.py`). Not in this run:
+4408 (the relay answers the control plane's pings itself, so a silent driver cannot be shown through
+it; `tests/faults/test_hostile_link.py` and `tests/controlplane/test_link.py` cover it), 1006 (a
+dropped TCP connection has no close frame to forward) and 1009 (the driver halves its batches and
+redials).
 """
 
 _SECTION = re.compile(r"^#### `(?P<sig>[^`]+)` \((?P<dir>[^)]+)\)\n\n```json\n(?P<body>.*?)\n```", re.M | re.S)
