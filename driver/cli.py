@@ -112,7 +112,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
             return boot_mod.EX_CONFIG
         return anyio.run(kernel.serve)
     except Exception as exc:
-        # The last line of the supervision boundary (driver.kernel.guard): whatever escaped every unit
+        # The last line of the supervision boundary (driver.guard): whatever escaped every unit
         # ends the process with the README's 70 (the journal keeps what was not sent), never exit 1
         # with a bare traceback. Logged (redacted, with its traceback) for the operator.
         logs.get("driver").critical(
