@@ -1,4 +1,4 @@
-"""`agent-driver run | dev | evidence | controlplane | bench`: the command line."""
+"""`agent-driver run | dev | evidence | controlplane | bench | schema`: the command line."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
             print(_left_journaled(kernel), file=sys.stderr)
         return status
     except Exception as exc:
-        # The last line of the supervision boundary (driver.kernel.guard): whatever escaped every unit
+        # The last line of the supervision boundary (driver.guard): whatever escaped every unit
         # ends the process with the README's 70 (the journal keeps what was not sent), never exit 1
         # with a bare traceback. Logged (redacted, with its traceback) for the operator.
         logs.get("driver").critical(
@@ -175,6 +175,24 @@ def _lab_module(name: str) -> Any:
         return None
 
 
+def _schema(out: str | None) -> int:
+    """`agent-driver schema [--out DIR]`: generated from driver/protocol/ (imported here, never at start)."""
+    from pathlib import Path
+
+    from driver.protocol.schema import documents, render
+
+    docs = documents()
+    if out is None:
+        import json
+
+        print(render({name: json.loads(render(doc)) for name, doc in docs.items()}), end="")
+        return 0
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for name, doc in docs.items():
+        (Path(out) / name).write_text(render(doc))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     fast = _run_args(argv)
@@ -186,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="agent-driver", description=__doc__)
     parser.add_argument("-V", "--version", action="version", version=f"agent-driver {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,dev,evidence,controlplane,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,dev,evidence,controlplane,bench,schema}")
     run = sub.add_parser("run", help="run the driver (the sandbox entrypoint)")
     run.add_argument("--boot-file", help="path of the one-time boot payload (or AGENT_DRIVER_BOOT_FILE)")
     run.add_argument("--log-level", default="info", choices=LOG_LEVELS)
@@ -202,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("evidence", help="measure the five claims (resume, startup, ...) and report", add_help=False)
     sub.add_parser("controlplane", help="the reference control plane", add_help=False)
     sub.add_parser("bench", help="run the benchmarks", add_help=False)
+    schema = sub.add_parser("schema", help="print the JSON Schemas of the boot payload, frames, commands, events")
+    schema.add_argument("--out", metavar="DIR", help="write one file per part into DIR (the repo's schemas/)")
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
         # argparse would first say a command is required; the flag itself is the problem.
         parser.error(f"unrecognized arguments: {argv[0]}")
@@ -223,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         if dev_mod is None:
             return 2
         return int(dev_mod.main(args))
+    if args.command == "schema":
+        return _schema(args.out)
     parser.error(f"unknown command {args.command}")
     return 2
 

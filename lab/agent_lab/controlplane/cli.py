@@ -27,6 +27,9 @@ agent-driver controlplane checkpoints --url ... --token-file ... --instance ID
 agent-driver controlplane faults   --url ... --token-file CONSOLE_TOKEN_FILE [--set knob=value ...] [--reset]
     The fault API takes the operator's token (the console's), never a driver's.
 agent-driver controlplane terminate --url ... --token-file ... --instance ID
+agent-driver controlplane conformance --url ws://HOST:PORT/driver --token-file F --instance ID [--api URL]
+    Play a scripted driver against a control plane and report each PROTOCOL.md rule it breaks
+    (lab/agent_lab/conformance/, docs/conformance.md).
 agent-driver controlplane boot --runtime R --instance ID --out FILE --cwd DIR --state-dir DIR [...]
     Mint a one-time boot payload (mode 0600) pointing at the running control plane, with its token.
     See `agent-driver controlplane boot --help` and lab/agent_lab/controlplane/boot.py.
@@ -65,6 +68,10 @@ def main(argv: list[str]) -> int:
         from agent_lab.controlplane.boot import main as boot_main
 
         return boot_main(argv[1:])
+    if argv and argv[0] == "conformance":
+        from agent_lab.conformance.cli import main as conformance_main
+
+        return conformance_main(argv[1:])
     if argv and argv[0] in CLIENT_COMMANDS:
         return _client(argv[0], argv[1:])
     if argv and argv[0] == "serve":
@@ -107,7 +114,7 @@ def _serve(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="agent-driver controlplane",
         description="Run the reference control plane.",
-        epilog="client commands (each with --help): " + ", ".join((*CLIENT_COMMANDS, "boot")),
+        epilog="client commands (each with --help): " + ", ".join((*CLIENT_COMMANDS, "boot", "conformance")),
     )
     p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
     p.add_argument("--token-file", required=True, type=Path)
