@@ -101,9 +101,9 @@ async def test_a_base_url_the_agent_writes_into_codex_home_never_gets_the_key(tm
             await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
             cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": "[[say:hi]]"})
             status = await cp.wait_for_command_status(cid, timeout=90)
-            assert status["status"] == "completed", json.dumps(status)
-            assert [s for s in catcher.seen if SECRET in s] == []
+            assert [s for s in catcher.seen if SECRET in s] == [], "the agent's listener got the real key"
             assert catcher.seen == []  # the agent's URL is not even called: the copy names the proxy
+            assert status["status"] == "completed", json.dumps(status)
             assert victim.read_text() == "the driver's own file"
             copied = (proxied / "config.toml").read_text()
             assert not (proxied / "config.toml").is_symlink() and catcher.url not in copied
