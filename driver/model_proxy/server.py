@@ -41,6 +41,8 @@ log = logs.get("driver.model_proxy")
 
 # Model requests in flight at once (every route together); more are refused 429, retryable.
 MAX_IN_FLIGHT = 16
+# How long a request waits for the reservations of the requests in flight before a retryable 429.
+RESERVATION_WAIT_S = 60.0
 LIMITS = Limits(
     max_connections=64, max_per_client=64, max_body_bytes=32 * 1024 * 1024, max_buffered_bytes=96 * 1024 * 1024
 )
@@ -113,6 +115,7 @@ class ModelProxy:
         self._client_ready = anyio.Event()
         self._client_task: Any = None
         self.in_flight = 0
+        self._changed = anyio.Event()  # set (and replaced) whenever a reservation is settled or released
         self.refused = {"placeholder": 0, "budget": 0, "endpoint": 0, "busy": 0}
 
     @property
@@ -259,7 +262,7 @@ class ModelProxy:
                 usd, _ = prices.charge_usd(
                     ask.model, input_tokens=ask.input_estimate, output_tokens=ask.max_output_tokens
                 )
-                admitted = self.ledger.admit(run_id, ask.input_estimate + ask.max_output_tokens, usd)
+                admitted = await self._admit(run_id, ask.input_estimate + ask.max_output_tokens, usd)
                 if isinstance(admitted, Exceeded):
                     self._count_refusal("budget", route)
                     if admitted.reserved:
@@ -275,6 +278,26 @@ class ModelProxy:
                 self.in_flight -= 1
             if ticket is not None:
                 self.ledger.release(ticket)  # nothing charged (a failure): the reservation is freed
+                self._ledger_changed()
+
+    async def _admit(self, run_id: str | None, tokens: int, usd: float) -> Ticket | Exceeded:
+        """Admit and reserve in one step; while only other requests' reservations stand in the way,
+        wait (at most RESERVATION_WAIT_S) for them to settle, then decide on what they really spent:
+        a burst is served one reservation at a time, and the budget is never overshot by more than
+        about one request."""
+        deadline = time.monotonic() + RESERVATION_WAIT_S
+        while True:
+            admitted = self.ledger.admit(run_id, tokens, usd)
+            left = deadline - time.monotonic()
+            if not isinstance(admitted, Exceeded) or not admitted.reserved or left <= 0:
+                return admitted
+            changed = self._changed
+            with anyio.move_on_after(left):
+                await changed.wait()
+
+    def _ledger_changed(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def _forward(
         self,
@@ -405,6 +428,7 @@ class _Charge:
             cache_write_tokens=usage.cache_write_tokens,
         )
         charged = self.proxy.ledger.settle(ticket, input_tokens, output_tokens, usage.cached_input_tokens, cost)
+        self.proxy._ledger_changed()
         record = UsageRecord(
             run_id=ticket.run_id,
             upstream=self.route.label,

@@ -164,15 +164,19 @@ async def test_a_script_in_the_tree_cannot_use_the_proxy_as_a_relay_or_outrun_th
                 assert results[path] == 404, results
             # The fragment request was served and measured like any /v1/messages.
             assert results["/v1/messages#x"] == 200, results
-            # 8 at once, each with a worst case of 1500 output tokens, under 3000 tokens: the first
-            # request or two reserve the budget, the rest are refused (429), not forwarded.
-            burst_served = results["burst"].count(200)
-            assert 1 <= burst_served <= 2 and results["burst"].count(429) == 8 - burst_served, results
+            # 8 at once, each with a worst case of 1500 output tokens, under 3000 tokens: each waits for
+            # the reservations before it, so what the run was charged overshoots the budget by at most
+            # about one request's worst case (the tests/model_proxy burst test shows 8 becoming 2).
+            assert set(results["burst"]) <= {200, 429}, results
+            charged = sum(
+                u["payload"]["input_tokens"] + u["payload"]["output_tokens"]
+                for u in cp.events(INSTANCE, "model.usage")
+                if u["run_id"] == "run-1"
+            )
+            assert charged <= 3000 + 1500 + 200, charged
             reached = len(fake.request_headers) - before_messages
             usage = cp.events(INSTANCE, "model.usage")
             assert reached == len(usage), (reached, len(usage))  # every upstream request was measured
-            # The CLI's own requests (the turn, then after the tool) + the fragment one + the burst's.
-            assert reached <= 3 + burst_served, reached
             run_usage = [e["payload"] for e in usage if e["run_id"] == "run-1"]
             terminal = [e for e in cp.events(INSTANCE) if e["kind"].startswith("run.") and e["run_id"] == "run-1"]
             if terminal[-1]["kind"] == "run.completed":
