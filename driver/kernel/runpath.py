@@ -186,7 +186,7 @@ class RunPath:
         if outcome is None and error is None and run.forced_error is not None:
             error = run.forced_error
         if k.provider.proxy is not None:
-            outcome, error = k.provider.proxy.settle(run, outcome, error)
+            outcome, error = await k.provider.proxy.settle(run, outcome, error)
         if error is not None and error.code == "provider.crashed" and run.adapter is not None:
             error.details.setdefault("stderr_tail", run.adapter.stderr_tail())
         terminal_id = await self.end_run(run, outcome, error)

@@ -1,9 +1,19 @@
-"""The budgets of §6.7 and what has been spent against them (no I/O).
+"""The budgets of §6.7: what has been spent and what is reserved against them (no I/O).
+
+Check and act are one step (PROTOCOL §9): a model request is admitted and its worst case reserved in
+one synchronous call (`admit`), before anything is forwarded, so a burst of parallel requests sees
+each other's reservations. A request is admitted while the spent figure plus every open reservation is
+below each limit; the request that crosses a limit is still served (its cost is known only after), so
+a budget is overshot by at most one request, however many are sent at once. The reservation is
+settled from the usage the answer reports (`settle`) or released when nothing was spent (`release`).
+
+Attribution: a request belongs to the run that was active when it was admitted (None: outside a run).
+Once that run has ended (`close_run`, when its terminal is chosen), what the request still spends is
+charged to the session only: a run's usage is fixed at its terminal and equals the sum of the
+`model.usage` events charged to it.
 
 Spent figures are kept per run and for the session (the driver process; a new process starts the
-session's figure again from zero unless the control plane gives a smaller budget: the CP holds the
-history). A budget is "used" once the spent figure reaches it, so the request that crosses a limit
-is served and the next one is refused: the proxy cannot know a request's cost before the answer.
+session's figure again from zero: the CP holds the history).
 """
 
 from __future__ import annotations
@@ -15,15 +25,22 @@ from driver.protocol.boot import Budget
 
 @dataclass(frozen=True, slots=True)
 class Exceeded:
-    """Which limit was reached: `limit` names the budget field, `spent` and `allowed` its figures."""
+    """Which limit was reached: `limit` names the budget field, `spent` and `allowed` its figures.
+    `reserved`: reached only with the open reservations of requests in flight (retry shortly)."""
 
     limit: str
     spent: float
     allowed: float
+    reserved: bool = False
 
     @property
     def message(self) -> str:
         unit = "tokens" if self.limit == "max_tokens_per_run" else "USD"
+        if self.reserved:
+            return (
+                f"budget.reserved: {self.limit} is {self.allowed:g} {unit}; requests in flight may use what is "
+                "left, retry when they end"
+            )
         return f"budget.exceeded: {self.limit} is {self.allowed:g} {unit}, {self.spent:g} {unit} spent"
 
     def details(self) -> dict[str, float | str]:
@@ -37,17 +54,13 @@ class Spent:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cost_usd: float = 0.0
-    unpriced_requests: int = 0  # requests whose model had no known price
 
-    def add(self, input_tokens: int, output_tokens: int, cached_input_tokens: int, cost_usd: float | None) -> None:
+    def add(self, input_tokens: int, output_tokens: int, cached_input_tokens: int, cost_usd: float) -> None:
         self.requests += 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.cached_input_tokens += cached_input_tokens
-        if cost_usd is None:
-            self.unpriced_requests += 1
-        else:
-            self.cost_usd += cost_usd
+        self.cost_usd += cost_usd
 
     def as_usage(self) -> dict[str, int | float | None]:
         """The run's `usage` (run.completed) in the driver's usual fields."""
@@ -55,9 +68,25 @@ class Spent:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cached_input_tokens": self.cached_input_tokens,
-            "cost_usd": round(self.cost_usd, 8) if self.requests > self.unpriced_requests else None,
+            "cost_usd": round(self.cost_usd, 8) if self.requests else None,
             "model_requests": self.requests,
         }
+
+
+@dataclass(slots=True)
+class Held:
+    tokens: int = 0
+    usd: float = 0.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request's reservation."""
+
+    run_id: str | None
+    tokens: int
+    usd: float
+    open: bool = True
 
 
 @dataclass(slots=True)
@@ -65,32 +94,82 @@ class Ledger:
     budget: Budget
     session: Spent = field(default_factory=Spent)
     runs: dict[str, Spent] = field(default_factory=dict)
+    held_session: Held = field(default_factory=Held)
+    held_runs: dict[str, Held] = field(default_factory=dict)
+    closed: set[str] = field(default_factory=set)
 
     def run(self, run_id: str) -> Spent:
         return self.runs.setdefault(run_id, Spent())
 
-    def record(
-        self, run_id: str | None, input_tokens: int, output_tokens: int, cached: int, cost_usd: float | None
-    ) -> None:
-        self.session.add(input_tokens, output_tokens, cached, cost_usd)
-        if run_id is not None:
-            self.run(run_id).add(input_tokens, output_tokens, cached, cost_usd)
-
-    def exceeded(self, run_id: str | None) -> Exceeded | None:
-        """The first budget already used, for a request of `run_id` (None: outside any run)."""
+    def exceeded(self, run_id: str | None, *, with_reserved: bool = False) -> Exceeded | None:
+        """The first budget already used by a request of `run_id` (None: outside any run); with
+        `with_reserved`, counting the reservations of the requests in flight."""
         b = self.budget
         s = self.session
-        if b.max_usd_per_session is not None and s.cost_usd >= b.max_usd_per_session:
-            return Exceeded("max_usd_per_session", round(s.cost_usd, 6), b.max_usd_per_session)
-        if run_id is None:
+        hs = self.held_session if with_reserved else Held()
+        if b.max_usd_per_session is not None:
+            if s.cost_usd >= b.max_usd_per_session:
+                return Exceeded("max_usd_per_session", round(s.cost_usd, 6), b.max_usd_per_session)
+            if s.cost_usd + hs.usd >= b.max_usd_per_session:
+                return Exceeded("max_usd_per_session", round(s.cost_usd, 6), b.max_usd_per_session, reserved=True)
+        if run_id is None or run_id in self.closed:
             return None
         r = self.runs.get(run_id, Spent())
-        if b.max_usd_per_run is not None and r.cost_usd >= b.max_usd_per_run:
-            return Exceeded("max_usd_per_run", round(r.cost_usd, 6), b.max_usd_per_run)
+        hr = self.held_runs.get(run_id, Held()) if with_reserved else Held()
+        if b.max_usd_per_run is not None:
+            if r.cost_usd >= b.max_usd_per_run:
+                return Exceeded("max_usd_per_run", round(r.cost_usd, 6), b.max_usd_per_run)
+            if r.cost_usd + hr.usd >= b.max_usd_per_run:
+                return Exceeded("max_usd_per_run", round(r.cost_usd, 6), b.max_usd_per_run, reserved=True)
         tokens = r.input_tokens + r.output_tokens
-        if b.max_tokens_per_run is not None and tokens >= b.max_tokens_per_run:
-            return Exceeded("max_tokens_per_run", tokens, b.max_tokens_per_run)
+        if b.max_tokens_per_run is not None:
+            if tokens >= b.max_tokens_per_run:
+                return Exceeded("max_tokens_per_run", tokens, b.max_tokens_per_run)
+            if tokens + hr.tokens >= b.max_tokens_per_run:
+                return Exceeded("max_tokens_per_run", tokens, b.max_tokens_per_run, reserved=True)
         return None
+
+    def admit(self, run_id: str | None, tokens: int, usd: float) -> Ticket | Exceeded:
+        """Check every limit (reservations included) and reserve this request's worst case: one step."""
+        if run_id in self.closed:
+            run_id = None  # admitted after its run ended: the session's
+        exceeded = self.exceeded(run_id, with_reserved=True)
+        if exceeded is not None:
+            return exceeded
+        self.held_session.tokens += tokens
+        self.held_session.usd += usd
+        if run_id is not None:
+            held = self.held_runs.setdefault(run_id, Held())
+            held.tokens += tokens
+            held.usd += usd
+        return Ticket(run_id, tokens, usd)
+
+    def release(self, ticket: Ticket) -> None:
+        if not ticket.open:
+            return
+        ticket.open = False
+        self.held_session.tokens -= ticket.tokens
+        self.held_session.usd -= ticket.usd
+        held = self.held_runs.get(ticket.run_id) if ticket.run_id is not None else None
+        if held is not None:
+            held.tokens -= ticket.tokens
+            held.usd -= ticket.usd
+
+    def settle(self, ticket: Ticket, input_tokens: int, output_tokens: int, cached: int, cost_usd: float) -> bool:
+        """Charge what the request spent and free its reservation. True when charged to its run (still
+        open), False when to the session only (no run, or its run has ended)."""
+        self.release(ticket)
+        self.session.add(input_tokens, output_tokens, cached, cost_usd)
+        if ticket.run_id is None or ticket.run_id in self.closed:
+            return False
+        self.run(ticket.run_id).add(input_tokens, output_tokens, cached, cost_usd)
+        return True
+
+    def close_run(self, run_id: str) -> dict[str, int | float | None]:
+        """The run's terminal is being chosen: its usage is fixed now, later spending is the session's."""
+        self.closed.add(run_id)
+        self.held_runs.pop(run_id, None)
+        return self.run(run_id).as_usage()
 
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)

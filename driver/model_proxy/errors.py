@@ -20,6 +20,12 @@ UPSTREAM = (502, "api_error", "server_error", "upstream_unreachable")
 NOT_FOUND = (404, "not_found_error", "invalid_request_error", "not_found")
 TOO_LARGE = (413, "request_too_large", "invalid_request_error", "request_too_large")
 BAD_REQUEST = (400, "invalid_request_error", "invalid_request_error", "bad_request")
+# Retryable: too many requests in flight, or the budget is held by requests in flight.
+BUSY = (429, "rate_limit_error", "rate_limit_error", "rate_limit_exceeded")
+TIMEOUT = (408, "invalid_request_error", "invalid_request_error", "request_timeout")
+OVERLOADED = (503, "overloaded_error", "server_error", "overloaded")
+# The loopback core's own refusals (malformed, slow, too large, too many bytes held), by status.
+KIND_NAMES: dict[int, tuple[str, str, str]] = {k[0]: k[1:] for k in (BAD_REQUEST, TIMEOUT, TOO_LARGE, OVERLOADED)}
 
 
 def body(kind: Kind, dialect: Dialect | None, message: str) -> tuple[int, bytes]:

@@ -6,9 +6,16 @@ Routes are path prefixes on the one loopback port, each bound to one real upstre
 - `/openai` -> the payload's `OPENAI_BASE_URL`, else https://api.openai.com/v1 (SDKs append
   `/responses`, `/chat/completions`);
 - `/codex` -> Codex's `provider_options.base_url` (the Codex adapter writes the proxy's URL into its
-  generated config.toml instead);
-- `/codex-home-N` -> the N-th `base_url` of an ACP agent's own `CODEX_HOME/config.toml` (codex-acp),
-  which the driver copies with those URLs replaced.
+  generated config.toml instead).
+
+Routes and upstreams come only from the boot payload (PROTOCOL §9: what the agent can write is input).
+An ACP agent's own `CODEX_HOME/config.toml` (codex-acp) is data: the driver copies it with every
+`base_url` pointing at the `/openai` route, whose upstream is the payload's; a URL written there never
+becomes an upstream.
+
+Each secret is bound to the routes it was configured for (`bindings`): ANTHROPIC_* / CLAUDE_* to
+`/anthropic`; Codex's `env_key` to `/codex` (and to `/openai` too when it is OPENAI_API_KEY); every
+other secret to `/openai`.
 
 The provider's environment: each secret's variable holds a placeholder instead (fresh per provider
 process), `ANTHROPIC_BASE_URL` and `OPENAI_BASE_URL` point at the proxy's routes.
@@ -18,7 +25,7 @@ from __future__ import annotations
 
 import re
 import secrets as _secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -86,8 +93,8 @@ def secret_values(execution: ExecutionConfig) -> dict[str, str]:
     return {name: execution.environment[name] for name in proxy.secrets}
 
 
-def routes(execution: ExecutionConfig, codex_home_urls: Sequence[str] = ()) -> dict[str, Route]:
-    """The routes of a payload, by name."""
+def routes(execution: ExecutionConfig) -> dict[str, Route]:
+    """The routes of a payload, by name: from the payload alone."""
     env = {**execution.environment, **(execution.acp.env if execution.acp else {})}
     out = {
         "anthropic": Route(
@@ -103,9 +110,26 @@ def routes(execution: ExecutionConfig, codex_home_urls: Sequence[str] = ()) -> d
             out["codex"] = Route("codex", _http_url(base, "provider_options.base_url"))
         else:
             out["codex"] = out["openai"]
-    for index, url in enumerate(codex_home_urls):
-        name = f"codex-home-{index}"
-        out[name] = Route(name, _http_url(url, "a base_url of CODEX_HOME/config.toml"))
+    return out
+
+
+CODEX_DEFAULT_ENV_KEY = "OPENAI_API_KEY"
+
+
+def bindings(execution: ExecutionConfig, secret_names: Sequence[str]) -> dict[str, frozenset[str]]:
+    """secret name -> the routes its placeholder is accepted on (and its value sent to)."""
+    codex_key: str | None = None
+    if execution.runtime == "openai-app-server":
+        option = execution.provider_options.get("env_key")
+        codex_key = option if isinstance(option, str) and option else CODEX_DEFAULT_ENV_KEY
+    out: dict[str, frozenset[str]] = {}
+    for name in secret_names:
+        if family_of(name) == "anthropic":
+            out[name] = frozenset({"anthropic"})
+        elif name == codex_key:
+            out[name] = frozenset({"codex", "openai"} if name == CODEX_DEFAULT_ENV_KEY else {"codex"})
+        else:
+            out[name] = frozenset({"openai"})
     return out
 
 
@@ -164,24 +188,15 @@ def provider_execution(
 _BASE_URL_LINE = re.compile(r'^(?P<lead>\s*base_url\s*=\s*)(?P<q>["\'])(?P<url>[^"\']*)(?P=q)(?P<tail>\s*(#.*)?)$')
 
 
-def codex_home_urls(config_text: str) -> list[str]:
-    """The http(s) `base_url = "..."` values of a Codex config.toml, in order (one per line, as Codex
-    writes them). Another value is left alone: the proxy could not call it either."""
-    out: list[str] = []
-    for line in config_text.splitlines():
-        match = _BASE_URL_LINE.match(line)
-        url = match.group("url") if match else ""
-        if match and url not in out and urlsplit(url).scheme in ("http", "https") and urlsplit(url).hostname:
-            out.append(url)
-    return out
-
-
-def rewrite_codex_config(config_text: str, url_of: Callable[[str], str | None]) -> str:
-    """The config with every `base_url` replaced by `url_of(original)` (None: kept)."""
+def rewrite_codex_config(config_text: str, proxy_route_url: str) -> str:
+    """The config with every `base_url = "..."` line pointing at `proxy_route_url` (the `/openai`
+    route). The original URLs are dropped: the upstream is the payload's, never the file's. A
+    `base_url` Codex would take in another form (an inline table) is not rewritten, so the agent calls
+    it with a placeholder, which is worth nothing there."""
     lines = []
     for line in config_text.splitlines():
         match = _BASE_URL_LINE.match(line)
-        if match and url_of(match.group("url")) is not None:
-            line = f'{match.group("lead")}"{url_of(match.group("url"))}"{match.group("tail")}'
+        if match:
+            line = f'{match.group("lead")}"{proxy_route_url}"{match.group("tail")}'
         lines.append(line)
     return "\n".join(lines) + "\n"

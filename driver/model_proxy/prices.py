@@ -45,6 +45,15 @@ PRICES: dict[str, Price] = {
 }
 
 
+# The rates an unpriced model is charged at: each column's highest.
+HIGHEST = Price(
+    max(p.input for p in PRICES.values()),
+    max(p.output for p in PRICES.values()),
+    max(p.cached for p in PRICES.values()),
+    max(p.cache_write if p.cache_write is not None else p.input for p in PRICES.values()),
+)
+
+
 def price_of(model: str, table: dict[str, Price] | None = None) -> Price | None:
     """The row for `model`: exact name, else the longest prefix followed by '-' or '.'."""
     rows = PRICES if table is None else table
@@ -82,3 +91,20 @@ def cost_usd(
     write_rate = price.input if price.cache_write is None else price.cache_write
     total = plain * price.input + cached * price.cached + written * write_rate + max(output_tokens, 0) * price.output
     return round(total / 1_000_000, 8)
+
+
+def charge_usd(
+    model: str, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0, cache_write_tokens: int = 0
+) -> tuple[float, bool]:
+    """What a request is charged: (USD, priced). An unknown model is charged at `HIGHEST` (priced False)."""
+    priced = price_of(model) is not None
+    cost = cost_usd(
+        model if priced else "highest",
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
+        table=None if priced else {"highest": HIGHEST},
+    )
+    assert cost is not None
+    return cost, priced

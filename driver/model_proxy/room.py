@@ -7,6 +7,7 @@ and ends a run whose budget is used with `run.failed{budget.exceeded}`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from driver import logs
+from driver import agent_files, logs
 from driver.adapters.base import ProviderError, TurnOutcome
+from driver.agent_files import AgentFileError
 from driver.model_proxy import plan
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.server import ModelProxy, UsageRecord
@@ -34,6 +36,13 @@ BUDGET_END_GRACE_S = 10.0
 BUDGET_EXCEEDED = "budget.exceeded"
 
 
+# Bound on the agent's CODEX_HOME/config.toml the driver copies (a config is a few KiB).
+MAX_CODEX_CONFIG_BYTES = 1024 * 1024
+PROXIED_HOME = "codex-home-proxied"
+# How long a run's terminal waits for the `model.usage` events already charged to it to be admitted.
+USAGE_DRAIN_S = 10.0
+
+
 class ProxyRoom:
     def __init__(self, kernel: Kernel) -> None:
         self.k = kernel
@@ -41,15 +50,19 @@ class ProxyRoom:
         assert execution.model_proxy is not None
         self.secrets = plan.secret_values(execution)
         logs.REDACTOR.add(self.secrets.values())
+        # The only decision taken about the agent's CODEX_HOME: whether the payload names one. Its
+        # config is read (as data) for each new provider; routes come from the payload alone.
         self._codex_source = _codex_home_source(execution)
-        self._codex_text = _read(self._codex_source / "config.toml") if self._codex_source else None
-        self._codex_urls = plan.codex_home_urls(self._codex_text) if self._codex_text else []
-        self.routes = plan.routes(execution, self._codex_urls)
+        self.routes = plan.routes(execution)
         self.ledger = Ledger(execution.model_proxy.budget)
+        # run id -> `model.usage` events charged to it and not yet admitted (a terminal waits for them).
+        self._pending: dict[str, int] = {}
+        self._drained = anyio.Event()
         self.proxy = ModelProxy(
             self.routes,
             self.secrets,
             self.ledger,
+            bindings=plan.bindings(execution, list(self.secrets)),
             current_run=self.current_run,
             on_usage=self.on_usage,
             on_exceeded=self.on_exceeded,
@@ -64,38 +77,58 @@ class ProxyRoom:
         logs.REDACTOR.add(placeholders.values())
         url = self.proxy.url
         codex_home: str | None = None
-        if self._codex_text is not None:
+        if self._codex_source is not None:
             try:
                 codex_home = self._codex_home(provider_dir, url)
-            except OSError as exc:
+            except (OSError, AgentFileError) as exc:
                 # The agent keeps its own CODEX_HOME: it calls the upstream with a placeholder, which
                 # the upstream refuses; the key itself is still withheld.
-                log.error("model_proxy.codex_home_failed", error=f"{type(exc).__name__}: {exc.strerror}")
+                log.error("model_proxy.codex_home_failed", error=f"{type(exc).__name__}: {exc}")
         env = plan.provider_environment(env, self.secrets, placeholders, url)
         if codex_home is not None and "CODEX_HOME" in env:
             env["CODEX_HOME"] = codex_home
         execution = plan.provider_execution(execution, self.secrets, placeholders, url, codex_home)
         return env, execution
 
-    def _codex_home(self, provider_dir: Path, url: str) -> str:
-        """A copy of the agent's CODEX_HOME whose config.toml names the proxy: every other entry is a
-        symlink to the original (sessions, auth, skills stay where they are)."""
-        assert self._codex_source is not None and self._codex_text is not None
-        home = provider_dir / "codex-home-proxied"
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for entry in self._codex_source.iterdir():
-            link = home / entry.name
-            if entry.name == "config.toml" or link.exists() or link.is_symlink():
-                continue
-            os.symlink(entry, link)
-        index = {u: i for i, u in enumerate(self._codex_urls)}
-        text = plan.rewrite_codex_config(
-            self._codex_text, lambda u: f"{url}/codex-home-{index[u]}" if u in index else None
+    def _codex_home(self, provider_dir: Path, url: str) -> str | None:
+        """A copy of the agent's CODEX_HOME whose config.toml names the proxy's `/openai` route: every
+        other entry is a symlink to the original (sessions, auth, skills stay where they are).
+
+        Both folders are the agent's: the config is read bounded and without following a link, the
+        copy is written through `agent_files` (a fresh name, then a rename; no planted link is
+        followed), and the links are made relative to the copy's directory descriptor."""
+        source = self._codex_source
+        assert source is not None
+        try:
+            raw = agent_files.read_file(source, "config.toml", max_bytes=MAX_CODEX_CONFIG_BYTES)
+            text = raw.decode("utf-8")
+        except AgentFileError as exc:
+            if "no such file" in str(exc):
+                return None
+            raise
+        except UnicodeDecodeError:
+            raise AgentFileError(f"{source / 'config.toml'}: not UTF-8") from None
+        state_dir = Path(self.k.boot.session.state_dir)
+        relative = provider_dir.relative_to(state_dir) / PROXIED_HOME
+        agent_files.make_folder(state_dir, relative)
+        folder = agent_files.open_folder(state_dir, relative)
+        try:
+            with os.scandir(source) as entries:
+                names = [e.name for e in entries if e.name != "config.toml" and not e.name.startswith(".config.toml.")]
+            for name in names[:4096]:
+                try:
+                    os.lstat(name, dir_fd=folder)
+                    continue  # already there (a link of ours, or the agent's own: left as it is)
+                except FileNotFoundError:
+                    pass
+                with contextlib.suppress(FileExistsError):
+                    os.symlink(source / name, name, dir_fd=folder)
+        finally:
+            os.close(folder)
+        agent_files.write_file(
+            state_dir, relative / "config.toml", plan.rewrite_codex_config(text, f"{url}/openai").encode()
         )
-        tmp = home / "config.toml.tmp"
-        tmp.write_text(text)
-        tmp.replace(home / "config.toml")
-        return str(home)
+        return str(state_dir / relative)
 
     async def start(self) -> None:
         await self.proxy.start()
@@ -114,16 +147,27 @@ class ProxyRoom:
         return run.run_id if run is not None else None
 
     async def on_usage(self, record: UsageRecord) -> None:
-        """One `model.usage` (lossless). With its run still open it belongs to that run's events; a
-        request that outlived its run (an abandoned stream) is reported outside any run, its payload
-        still naming the run."""
+        """One `model.usage` (lossless). Charged to its run (still open: the ledger said so in the same
+        step as the charge), it is one of that run's events, admitted before its terminal (`settle`
+        waits for it); otherwise it is the session's: not run-scoped, its payload still naming the run
+        that was active when the request started."""
         payload = record.payload()
-        run = self._active_run()
-        if run is not None and run.run_id == record.run_id:
-            run.last_activity = time.monotonic()
-            await self.k.runs.emit_for_run(run.run_id, "model.usage", payload)
-        else:
+        run_id = record.run_id
+        if not record.charged_to_run or run_id is None:
             await self.k.emit("model.usage", payload)
+            return
+        # Counted before the first await: the run's settle cannot miss it.
+        self._pending[run_id] = self._pending.get(run_id, 0) + 1
+        try:
+            run = self._active_run()
+            if run is not None and run.run_id == run_id:
+                run.last_activity = time.monotonic()
+            await self.k.runs.emit_for_run(run_id, "model.usage", payload)
+        finally:
+            self._pending[run_id] -= 1
+            if not self._pending[run_id]:
+                del self._pending[run_id]
+                self._drained.set()
 
     def on_exceeded(self, run_id: str | None, exceeded: Exceeded) -> None:
         run = self._active_run()
@@ -147,10 +191,17 @@ class ProxyRoom:
             return
         run.scope.cancel()
 
-    def settle(
+    async def settle(
         self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None
     ) -> tuple[TurnOutcome | None, ProviderError | None]:
-        return settle(run, outcome, error, self.ledger.run(run.run_id).as_usage())
+        """The run's terminal is being chosen: its usage is fixed now (later spending is the
+        session's), once every `model.usage` already charged to it is admitted."""
+        usage = self.ledger.close_run(run.run_id)
+        with anyio.move_on_after(USAGE_DRAIN_S):
+            while run.run_id in self._pending:
+                self._drained = anyio.Event()
+                await self._drained.wait()
+        return settle(run, outcome, error, usage)
 
     def run_spent(self, run_id: str) -> dict[str, Any]:
         return self.ledger.run(run_id).as_usage()
@@ -171,19 +222,11 @@ def settle(
 
 
 def _codex_home_source(execution: ExecutionConfig) -> Path | None:
-    """The CODEX_HOME an ACP agent is given (codex-acp reads its provider from there), if it has a config."""
+    """The CODEX_HOME the payload gives an ACP agent (codex-acp reads its provider from there)."""
     if execution.runtime != "acp":
         return None
     env = {**execution.environment, **(execution.acp.env if execution.acp else {})}
     value = env.get("CODEX_HOME")
     if not value:
         return None
-    path = Path(value)
-    return path if (path / "config.toml").is_file() else None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
+    return Path(value)

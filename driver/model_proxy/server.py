@@ -1,48 +1,58 @@
-"""The loopback proxy itself: h11 on asyncio streams towards the provider, httpx2 towards the upstream.
+"""The loopback proxy itself: the hardened loopback core (`driver.listener`) towards the provider,
+httpx2 towards the upstream.
 
-One connection task per provider connection (keep-alive: many requests each). A request is read
-whole (model requests are small next to their answers), checked (route, placeholder, budget), sent
-upstream, and the answer is written back chunk by chunk as the upstream's socket yields it: nothing
-is buffered on the way, so server-sent events reach the provider byte for byte and as soon as they
-arrive. The usage reader sees each chunk first; the one that ends the answer (message_stop,
-response.completed, [DONE]) waits until its usage is accounted for, so a `model.usage` always comes
-before the provider can end its turn on that answer.
+Everything is decided on the request head before a body byte is read (`_decide`): the target is
+normalised and must name a route and one of its listed endpoints (`endpoints`), every credential
+header must carry a current placeholder bound to that route, and a model endpoint must find its run
+and the session within budget and a free slot (`MAX_IN_FLIGHT`). Then the body is read (bounded by the
+core), inspected (model, worst-case output; a Chat Completions stream is made to report usage), its
+worst case is reserved in the ledger in the same step as the budget check, and it is forwarded. The
+answer is written back chunk by chunk as the upstream's socket yields it: nothing is buffered on the
+way, so server-sent events reach the provider byte for byte and as soon as they arrive. The usage
+reader sees each chunk first; the one that ends the answer (message_stop, response.completed, [DONE])
+waits until its usage is charged and reported, so a `model.usage` always comes before the provider
+can end its turn on that answer.
 
-Why h11 + httpx2: both were already in the environment (the mcp SDK's stack, maintained by the
-encode/pydantic projects), neither buffers a streamed body, and h11 is a pure parser: the server is
-this module and `wire`, with no framework in the hot path. Measured in docs/protocol.md.
+Why h11 + httpx2: both were already in the environment (the mcp SDK's stack), neither buffers a
+streamed body, and h11 is a pure parser. Measured in docs/protocol.md.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import h11
 
 from driver import logs
-from driver.model_proxy import errors, prices, wire
-from driver.model_proxy.budget import Exceeded, Ledger
+from driver.listener import BodyRefused, ClientGone, Exchange, Handler, Head, Limits, LoopbackServer, Reply
+from driver.model_proxy import endpoints, errors, prices, wire
+from driver.model_proxy.budget import Exceeded, Ledger, Ticket
+from driver.model_proxy.endpoints import Ask, Endpoint, Target
 from driver.model_proxy.plan import Route, family_of, new_placeholder
-from driver.model_proxy.usage import Dialect, UsageReader, dialect_of
+from driver.model_proxy.usage import Dialect, UsageReader
 
 if TYPE_CHECKING:
     import httpx2
 
 log = logs.get("driver.model_proxy")
 
+# Model requests in flight at once (every route together); more are refused 429, retryable.
+MAX_IN_FLIGHT = 16
+# How long a request waits for the reservations of the requests in flight before a retryable 429.
+RESERVATION_WAIT_S = 60.0
+LIMITS = Limits(
+    max_connections=64, max_per_client=64, max_body_bytes=32 * 1024 * 1024, max_buffered_bytes=96 * 1024 * 1024
+)
+
 
 @dataclass(frozen=True, slots=True)
 class UsageRecord:
     """One model request's usage, as `model.usage` carries it (plus the run it belongs to)."""
 
-    run_id: str | None
+    run_id: str | None  # the run active when the request was admitted
     upstream: str
     model: str
     input_tokens: int
@@ -50,9 +60,11 @@ class UsageRecord:
     cached_input_tokens: int
     cost_usd: float | None
     request_id: str | None
+    estimated: bool = False  # figures or cost are the proxy's conservative charge, not the upstream's report
+    charged_to_run: bool = True  # False: charged to the session only (outside a run, or after its end)
 
     def payload(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "run_id": self.run_id,
             "upstream": self.upstream,
             "model": self.model,
@@ -62,6 +74,9 @@ class UsageRecord:
             "cost_usd": self.cost_usd,
             "request_id": self.request_id,
         }
+        if self.estimated:
+            out["estimated"] = True
+        return out
 
 
 OnUsage = Callable[[UsageRecord], Awaitable[None]]
@@ -78,10 +93,14 @@ class ModelProxy:
         current_run: Callable[[], str | None],
         on_usage: OnUsage,
         on_exceeded: OnExceeded,
+        bindings: Mapping[str, frozenset[str]] | None = None,
         upstream_timeout_s: float = 30.0,
+        limits: Limits = LIMITS,
     ) -> None:
         self.routes = routes
         self._secrets = dict(secrets)
+        # secret name -> the routes it may be sent to (PROTOCOL §9: a secret only to its own routes).
+        self._bindings = dict(bindings) if bindings is not None else _family_bindings(routes, secrets)
         self.ledger = ledger
         self._current_run = current_run
         self._on_usage = on_usage
@@ -90,22 +109,22 @@ class ModelProxy:
         self._placeholders: dict[str, str] = {}  # placeholder -> secret name (the current generation only)
         # Bound now, served from `start()`: the port is known before the first provider is built, and
         # a connection made in between waits in the backlog.
-        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
-        # without it each small SSE event after the first waits for the client's delayed ACK (~40 ms).
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(128)
-        self._sock.setblocking(False)
-        self._server: asyncio.Server | None = None
+        self._server = LoopbackServer(self._decide, name="model_proxy", limits=limits, error_body=self._error_body)
+        self._server.bind(0)
         self._client: httpx2.AsyncClient | None = None
-        self._client_ready = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self.refused = {"placeholder": 0, "budget": 0}
+        self._client_ready = anyio.Event()
+        self._client_task: Any = None
+        self.in_flight = 0
+        self._changed = anyio.Event()  # set (and replaced) whenever a reservation is settled or released
+        self.refused = {"placeholder": 0, "budget": 0, "endpoint": 0, "busy": 0}
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        return f"http://127.0.0.1:{self._server.port}"
+
+    @property
+    def listener(self) -> LoopbackServer:
+        return self._server
 
     def rotate(self) -> dict[str, str]:
         """A fresh placeholder for every secret (a new provider process); the previous ones stop working."""
@@ -117,12 +136,12 @@ class ModelProxy:
         """Serve now; the upstream client is built meanwhile (importing httpx2 and loading the TLS roots
         costs ~0.1-0.4 s, which must not delay the provider's spawn: its first model request comes
         later, and waits for the client if it does not)."""
-        if self._server is not None:
+        import asyncio
+
+        if self._client_task is not None:
             return
-        self._server = await asyncio.start_server(self._serve_connection, sock=self._sock)
-        task = asyncio.get_running_loop().create_task(self._build_client(), name="model-proxy-client")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        await self._server.start()
+        self._client_task = asyncio.get_running_loop().create_task(self._build_client(), name="model-proxy-client")
 
     async def ready(self) -> None:
         """Return once the upstream client is built (requests wait for it anyway)."""
@@ -137,95 +156,61 @@ class ModelProxy:
             self._client_ready.set()
 
     async def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        else:
-            self._sock.close()
-        for task in list(self._tasks):
+        await self._server.close()
+        task, self._client_task = self._client_task, None
+        if task is not None and not task.done():
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
 
-    # -- one connection -------------------------------------------------------------------------------
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
-        try:
-            while True:
-                got = await wire.read_request(conn, reader, writer)
-                if got is None:
-                    break
-                request, body = got
-                await self._handle(conn, writer, request, body)
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    break
-                conn.start_next_cycle()
-        except (wire.ClientGone, ConnectionError, h11.LocalProtocolError):
-            pass
-        except asyncio.CancelledError:
-            # close(): the connection task ends here (a top-level task of the server, not awaited by
-            # anyone who would need the cancellation to propagate).
-            pass
-        except Exception as exc:  # no input may take the driver down: log and drop the connection
-            log.warning("model_proxy.connection_failed", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            if task is not None:
-                self._tasks.discard(task)
+    # -- the head: route, endpoint, credential, budget -----------------------------------------------
+    @staticmethod
+    def _error_body(status: int, message: str, head: Head | None) -> bytes:
+        shape: Dialect | None = None
+        if head is not None and head.target.startswith("/anthropic/"):
+            shape = "anthropic"
+        return errors.body((status, *errors.KIND_NAMES.get(status, errors.BAD_REQUEST[1:])), shape, message)[1]
 
-    async def _handle(
-        self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
-    ) -> None:
-        target = request.target.decode("latin-1")
-        name, _, rest = target.lstrip("/").partition("/")
-        route = self.routes.get(name.split("?", 1)[0])
-        path = "/" + rest
-        dialect = dialect_of(path)
-        shape: Dialect | None = dialect or ("anthropic" if name == "anthropic" else None)
-        if route is None:
-            await wire.refuse(conn, writer, errors.NOT_FOUND, shape, "no such model route on this proxy")
-            return
-        headers, secret_ok = self._upstream_headers(request.headers, route)
-        if not secret_ok:
+    def _decide(self, head: Head) -> Reply | Handler:
+        target = endpoints.normalise(head.target)
+        route = self.routes.get(target.route) if target is not None else None
+        if target is None or route is None:
+            return _refusal(errors.NOT_FOUND, None, "no such model route on this proxy")
+        shape: Dialect = "anthropic" if route.family == "anthropic" else "responses"
+        endpoint = endpoints.match(route.family, head.method, target.path)
+        if endpoint is None:
+            self._count_refusal("endpoint", route)
+            return _refusal(errors.NOT_FOUND, shape, f"{head.method} {target.path} is not forwarded by this proxy")
+        headers = self._upstream_headers(head.headers, route)
+        if headers is None:
             self._count_refusal("placeholder", route)
-            await wire.refuse(conn, writer, errors.AUTH, shape, "this proxy needs the current placeholder key")
-            return
+            return _refusal(errors.AUTH, shape, "this proxy needs the current placeholder key")
+        if endpoint.dialect is None:
+            return lambda exchange: self._serve(exchange, route, target, endpoint, headers, None, shape)
         run_id = self._current_run()
-        if dialect is not None:
-            exceeded = self.ledger.exceeded(run_id)
-            if exceeded is not None:
-                self._count_refusal("budget", route)
-                self._on_exceeded(run_id, exceeded)
-                await wire.refuse(conn, writer, errors.BUDGET, shape, exceeded.message)
-                return
-        await self._forward(conn, writer, request, body, route, path, headers, dialect, run_id)
+        exceeded = self.ledger.exceeded(run_id)
+        if exceeded is not None:
+            self._count_refusal("budget", route)
+            self._on_exceeded(run_id, exceeded)
+            return _refusal(errors.BUDGET, shape, exceeded.message)
+        if self.in_flight >= MAX_IN_FLIGHT:
+            self._count_refusal("busy", route)
+            return _refusal(errors.BUSY, shape, f"more than {MAX_IN_FLIGHT} model requests in flight")
+        self.in_flight += 1  # taken here, on the head: given back when the handler ends
+        return lambda exchange: self._serve(exchange, route, target, endpoint, headers, run_id, shape)
 
     def _count_refusal(self, reason: str, route: Route) -> None:
         """Counted always, logged for the first ten and every hundredth after: a tool hammering the
-        proxy with a wrong key must not flood the driver's log (and its uplink)."""
+        proxy must not flood the driver's log (and its uplink)."""
         self.refused[reason] += 1
         count = self.refused[reason]
         if count <= 10 or count % 100 == 0:
             log.warning("model_proxy.refused", reason=reason, route=route.name, count=count)
 
-    def _upstream_headers(
-        self, raw: Iterable[tuple[bytes, bytes]], route: Route
-    ) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The headers for the upstream, each placeholder swapped for its secret; False when a credential
-        header is missing or carries anything but a current placeholder."""
+    def _upstream_headers(self, raw: Iterable[tuple[bytes, bytes]], route: Route) -> list[tuple[bytes, bytes]] | None:
+        """The headers for the upstream, each placeholder swapped for its secret; None when a credential
+        header is missing or carries anything but a current placeholder bound to this route."""
         out: list[tuple[bytes, bytes]] = []
         seen = False
         for key, value in raw:
@@ -234,13 +219,13 @@ class ModelProxy:
             if key in wire.CREDENTIAL_HEADERS and self._secrets:
                 swapped = self._swap(value, route)
                 if swapped is None:
-                    return [], False
+                    return None
                 seen = True
                 value = swapped
             out.append((key, value))
         out.append((b"accept-encoding", b"identity"))  # the usage reader reads what it forwards
         # With no secret to withhold (a payload that wants budgets only), credentials pass as sent.
-        return out, seen or not self._secrets
+        return out if seen or not self._secrets else None
 
     def _swap(self, value: bytes, route: Route) -> bytes | None:
         text = value.decode("latin-1").strip()
@@ -248,45 +233,103 @@ class ModelProxy:
         if text[:7].lower() == "bearer ":
             scheme, text = text[:7], text[7:].strip()
         name = self._placeholders.get(text)
-        # A key only goes to its own vendor's upstream: an agent cannot send the OpenAI key to the
-        # Anthropic route's upstream (or to an OpenAI-compatible gateway) with the other placeholder.
-        if name is None or family_of(name) != route.family:
+        if name is None or route.name not in self._bindings.get(name, frozenset()):
             return None
         return (scheme + self._secrets[name]).encode("latin-1")
 
+    # -- the body, the reservation, the upstream ----------------------------------------------------
+    async def _serve(
+        self,
+        exchange: Exchange,
+        route: Route,
+        target: Target,
+        endpoint: Endpoint,
+        headers: list[tuple[bytes, bytes]],
+        run_id: str | None,
+        shape: Dialect,
+    ) -> None:
+        ticket: Ticket | None = None
+        try:
+            body = await exchange.body()
+            ask: Ask | None = None
+            if endpoint.dialect is not None:
+                try:
+                    ask = endpoints.inspect(endpoint.dialect, body)
+                except endpoints.BadRequest as exc:
+                    await exchange.reply(_refusal(errors.BAD_REQUEST, shape, str(exc)))
+                    return
+                body = ask.body
+                usd, _ = prices.charge_usd(
+                    ask.model, input_tokens=ask.input_estimate, output_tokens=ask.max_output_tokens
+                )
+                admitted = await self._admit(run_id, ask.input_estimate + ask.max_output_tokens, usd)
+                if isinstance(admitted, Exceeded):
+                    self._count_refusal("budget", route)
+                    if admitted.reserved:
+                        await exchange.reply(_refusal(errors.BUSY, shape, admitted.message))
+                    else:
+                        self._on_exceeded(run_id, admitted)
+                        await exchange.reply(_refusal(errors.BUDGET, shape, admitted.message))
+                    return
+                ticket = admitted
+            await self._forward(exchange, route, target, endpoint, headers, body, ask, ticket, shape)
+        finally:
+            if endpoint.dialect is not None:
+                self.in_flight -= 1
+            if ticket is not None:
+                self.ledger.release(ticket)  # nothing charged (a failure): the reservation is freed
+                self._ledger_changed()
+
+    async def _admit(self, run_id: str | None, tokens: int, usd: float) -> Ticket | Exceeded:
+        """Admit and reserve in one step; while only other requests' reservations stand in the way,
+        wait (at most RESERVATION_WAIT_S) for them to settle, then decide on what they really spent:
+        a burst is served one reservation at a time, and the budget is never overshot by more than
+        about one request."""
+        deadline = time.monotonic() + RESERVATION_WAIT_S
+        while True:
+            admitted = self.ledger.admit(run_id, tokens, usd)
+            left = deadline - time.monotonic()
+            if not isinstance(admitted, Exceeded) or not admitted.reserved or left <= 0:
+                return admitted
+            changed = self._changed
+            with anyio.move_on_after(left):
+                await changed.wait()
+
+    def _ledger_changed(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
     async def _forward(
         self,
-        conn: h11.Connection,
-        writer: asyncio.StreamWriter,
-        request: h11.Request,
-        body: bytes,
+        exchange: Exchange,
         route: Route,
-        path: str,
+        target: Target,
+        endpoint: Endpoint,
         headers: list[tuple[bytes, bytes]],
-        dialect: Dialect | None,
-        run_id: str | None,
+        body: bytes,
+        ask: Ask | None,
+        ticket: Ticket | None,
+        shape: Dialect,
     ) -> None:
         import httpx2
 
         await self._client_ready.wait()
         client = self._client
         if client is None:
-            await wire.refuse(conn, writer, errors.UPSTREAM, dialect, "the proxy has no upstream client")
+            await exchange.reply(_refusal(errors.UPSTREAM, shape, "the proxy has no upstream client"))
             return
         started = time.monotonic()
-        upstream_request = client.build_request(
-            request.method.decode("ascii", "replace"), route.upstream + path, headers=headers, content=body
-        )
+        url = route.upstream + target.path + (f"?{target.query}" if target.query else "")
+        upstream_request = client.build_request(endpoint.method, url, headers=headers, content=body)
         try:
             response = await client.send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
             log.warning("model_proxy.upstream_failed", route=route.name, error=type(exc).__name__)
-            await wire.refuse(
-                conn, writer, errors.UPSTREAM, dialect, f"the upstream could not be reached ({type(exc).__name__})"
-            )
+            message = f"the upstream could not be reached ({type(exc).__name__})"
+            await exchange.reply(_refusal(errors.UPSTREAM, shape, message))
             return
         try:
-            await self._relay(conn, writer, response, route, body, dialect, run_id)
+            await self._relay(exchange, response, route, ask, ticket, endpoint.dialect)
         finally:
             await response.aclose()
             log.debug(
@@ -298,13 +341,12 @@ class ModelProxy:
 
     async def _relay(
         self,
-        conn: h11.Connection,
-        writer: asyncio.StreamWriter,
+        exchange: Exchange,
         response: httpx2.Response,
         route: Route,
-        request_body: bytes,
+        ask: Ask | None,
+        ticket: Ticket | None,
         dialect: Dialect | None,
-        run_id: str | None,
     ) -> None:
         import httpx2
 
@@ -312,83 +354,110 @@ class ModelProxy:
         out_headers = [(k, v) for k, v in raw_headers if k not in wire.HOP_BY_HOP or k == b"content-length"]
         if any(k == b"transfer-encoding" for k, _ in raw_headers):
             out_headers = [(k, v) for k, v in out_headers if k != b"content-length"]
-        content_type = response.headers.get("content-type", "")
-        streaming = content_type.startswith("text/event-stream")
-        reader = UsageReader(dialect, streaming) if dialect is not None and response.status_code < 300 else None
+        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
+        ok = response.status_code < 300
+        reader = UsageReader(dialect, streaming) if dialect is not None and ok else None
         request_id = response.headers.get("request-id") or response.headers.get("x-request-id")
-        await wire.send(
-            writer,
-            conn.send(
-                h11.Response(status_code=response.status_code, headers=out_headers, reason=response.reason_phrase)
-            ),
-        )
-        accounted = False
+        charge = _Charge(self, route, ask, ticket, request_id)
+        await exchange.respond(response.status_code, out_headers, response.reason_phrase.encode("latin-1", "replace"))
         held = b""  # a JSON answer's latest chunk, sent once the next one (or its usage) is in
         try:
             async for chunk in response.aiter_raw():
                 if not chunk:
                     continue
-                if reader is not None and reader.feed(chunk) and not accounted:
-                    accounted = True
-                    await self._account(reader, route, request_body, request_id, run_id)
+                charge.relayed += len(chunk)
+                if reader is not None and reader.feed(chunk) and not charge.done:
+                    await charge.account(reader, complete=True)
                 if reader is not None and not streaming:
                     chunk, held = held, chunk
                     if not chunk:
                         continue
-                await wire.send(writer, conn.send(h11.Data(data=chunk)))
-        except (wire.ClientGone, httpx2.HTTPError) as exc:
-            # The provider hung up (an interrupt), or the upstream did mid-answer: what the upstream
-            # reported so far still counts. The provider's connection closes (its answer is cut).
-            if reader is not None and not accounted:
+                await exchange.send(chunk)
+        except (ClientGone, httpx2.HTTPError) as exc:
+            # The provider hung up (an interrupt), or the upstream did mid-answer: what was spent still
+            # counts (what the upstream reported, else a conservative estimate).
+            if reader is not None and not charge.done:
                 reader.close()
-                if reader.usage.reported:
-                    await self._account(reader, route, request_body, request_id, run_id)
+                await charge.account(reader, complete=False)
             if isinstance(exc, httpx2.HTTPError):
                 log.warning("model_proxy.upstream_cut", route=route.name, error=type(exc).__name__)
-                raise wire.ClientGone from exc
+                raise ClientGone from exc
             raise
-        if reader is not None and not accounted:
+        if reader is not None and not charge.done:
             reader.close()
-            if reader.usage.reported:
-                await self._account(reader, route, request_body, request_id, run_id)
+            await charge.account(reader, complete=reader.finished)
         if held:
-            await wire.send(writer, conn.send(h11.Data(data=held)))
-        await wire.send(writer, conn.send(h11.EndOfMessage()))
+            await exchange.send(held)
+        await exchange.end()
 
-    async def _account(
-        self, reader: UsageReader, route: Route, request_body: bytes, request_id: str | None, run_id: str | None
+
+class _Charge:
+    """Settling one model request's reservation from what its answer reported."""
+
+    def __init__(
+        self, proxy: ModelProxy, route: Route, ask: Ask | None, ticket: Ticket | None, request_id: str | None
     ) -> None:
+        self.proxy = proxy
+        self.route = route
+        self.ask = ask
+        self.ticket = ticket
+        self.request_id = request_id
+        self.relayed = 0
+        self.done = False
+
+    async def account(self, reader: UsageReader, *, complete: bool) -> None:
+        """Charge the request: the upstream's figures when it reported them in a complete answer; else
+        (no usage, or a cut answer) the reported input and an output no smaller than the bytes relayed
+        could hold (4 bytes a token, at most the request's worst case), marked `estimated`."""
+        self.done = True
+        ticket, ask = self.ticket, self.ask
+        if ticket is None or ask is None:
+            return
         usage = reader.usage
-        model = usage.model or _request_model(request_body)
-        cost = prices.cost_usd(
+        estimated = not (complete and usage.reported)
+        input_tokens = usage.input_tokens if usage.reported else ask.input_estimate
+        output_tokens = usage.output_tokens
+        if estimated:
+            output_tokens = max(output_tokens, min(ask.max_output_tokens, self.relayed // 4))
+        model = usage.model or ask.model
+        cost, priced = prices.charge_usd(
             model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
         )
-        self.ledger.record(run_id, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, cost)
+        charged = self.proxy.ledger.settle(ticket, input_tokens, output_tokens, usage.cached_input_tokens, cost)
+        self.proxy._ledger_changed()
         record = UsageRecord(
-            run_id=run_id,
-            upstream=route.label,
+            run_id=ticket.run_id,
+            upstream=self.route.label,
             model=model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cost_usd=cost,
-            request_id=request_id,
+            request_id=self.request_id,
+            estimated=estimated or not priced,
+            charged_to_run=charged,
         )
         try:
-            await self._on_usage(record)
+            await self.proxy._on_usage(record)
         except Exception as exc:
             log.warning("model_proxy.usage_not_reported", error=f"{type(exc).__name__}: {exc}")
 
 
-def _request_model(body: bytes) -> str:
-    import json
+def _family_bindings(routes: Mapping[str, Route], secrets: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """Without a plan's bindings (a proxy built alone): each secret on its vendor family's routes."""
+    return {n: frozenset(r for r, route in routes.items() if route.family == family_of(n)) for n in secrets}
 
-    try:
-        value = json.loads(body).get("model")
-    except (ValueError, AttributeError):
-        return ""
-    return value if isinstance(value, str) else ""
+
+def _refusal(kind: errors.Kind, shape: Dialect | None, message: str) -> Reply:
+    status, payload = errors.body(kind, shape, message)
+    headers = [(b"content-type", b"application/json"), (b"x-should-retry", b"true" if status == 503 else b"false")]
+    if kind is errors.BUSY:
+        headers = [(b"content-type", b"application/json"), (b"x-should-retry", b"true"), (b"retry-after", b"1")]
+    return Reply(status, payload, headers)
+
+
+__all__ = ["BodyRefused", "ModelProxy", "UsageRecord"]

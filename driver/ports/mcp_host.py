@@ -8,47 +8,47 @@ optional server-to-client SSE stream is not offered, so GET answers 405).
 
 Bound to 127.0.0.1 on an ephemeral port and guarded by a random bearer token, so other local processes
 cannot call the control plane's tools. The token is handed to the provider in an environment variable.
+It stands on the hardened loopback core (`driver.listener`): path, token and method are decided on the
+request head before any body byte is read, and connections, bytes and every read are bounded.
 
-Background work: `start()` runs the accept loop as a task on the event loop (the server lives as long
-as the provider process, across adapter calls); `close()` ends it and every open connection.
+Background work: `start()` serves on the event loop (the server lives as long as the provider
+process, across adapter calls); `close()` ends it and every open connection.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import anyio.abc
 import msgspec
 
 from driver import logs
 from driver.interfaces import HostToolPort
+from driver.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply
 from driver.protocol.boot import HostTool
 
 log = logs.get(__name__)
 
 SERVER_NAME = "host"
 PROTOCOL_VERSION = "2025-06-18"
-_MAX_HEADER_BYTES = 64 * 1024
-_MAX_BODY_BYTES = 16 * 1024 * 1024
-_REASONS = {
-    200: "OK",
-    202: "Accepted",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-}
+# A provider's MCP client keeps a connection or two; tool arguments are small. The core's deadlines
+# hold for the head and body only: a tool call may wait on the control plane for as long as it takes.
+LIMITS = Limits(
+    max_connections=32, max_per_client=32, max_body_bytes=16 * 1024 * 1024, max_buffered_bytes=32 * 1024 * 1024
+)
+_JSON = [(b"content-type", b"application/json")]
 
 
-class _BadRequest(Exception):
-    pass
+def _json(status: int, payload: Any) -> Reply:
+    if payload is None:
+        return Reply(status)
+    return Reply(status, msgspec.json.encode(payload), _JSON)
+
+
+def _error_body(status: int, message: str, head: Head | None) -> bytes:
+    return msgspec.json.encode({"error": message})
 
 
 class McpHostServer:
@@ -58,8 +58,7 @@ class McpHostServer:
         # A continued provider (PROTOCOL §8.2) presents the token its dead driver's server gave it.
         self.token = token or secrets.token_urlsafe(32)
         logs.add([self.token])  # handed to the provider in its environment: never in a log line
-        self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server = LoopbackServer(self._decide, name="mcp_host", limits=LIMITS, error_body=_error_body)
         self.port_number = 0
         self.calls = 0
 
@@ -71,102 +70,39 @@ class McpHostServer:
         """Listen on 127.0.0.1:`port` (a reattach asks for the dead driver's, which the continued
         provider still calls), or on an ephemeral port when that one is taken or none is asked for."""
         try:
-            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+            self.port_number = self._server.bind(port)
         except OSError as exc:
             if not port:
                 raise
             log.warning("mcp_host.port_taken", port=port, error=exc.strerror or type(exc).__name__)
-            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        self._listener = listener
-        self.port_number = int(listener.extra(anyio.abc.SocketAttribute.local_port))
-        self._task = asyncio.get_running_loop().create_task(self._serve(listener), name="mcp-host")
-
-    async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError):
-            await listener.serve(self._connection)
+            self.port_number = self._server.bind(0)
+        await self._server.start()
 
     async def close(self) -> None:
-        listener, self._listener = self._listener, None
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                await listener.aclose()
+        await self._server.close()
 
-    # -- HTTP/1.1, just enough ------------------------------------------------------------------
+    # -- HTTP: decided on the head (path, token, method) before a body byte is read ---------------
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        buffer = bytearray()
-        async with stream:
-            try:
-                while True:
-                    request = await self._read_request(stream, buffer)
-                    if request is None:
-                        return
-                    method, path, headers, body = request
-                    status, payload = await self._handle(method, path, headers, body)
-                    await self._respond(stream, status, payload)
-                    if headers.get("connection", "").lower() == "close":
-                        return
-            except _BadRequest as exc:
-                await self._respond(stream, 400, {"error": str(exc)})
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
+    def _decide(self, head: Head) -> Reply | Handler:
+        if head.target.split("?", 1)[0] != "/mcp":
+            return _json(404, {"error": "not found"})
+        presented = (head.header(b"authorization") or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(presented.encode(), self.token.encode()):
+            return _json(401, {"error": "unauthorized"})
+        if head.method == "DELETE":
+            return _json(200, None)
+        if head.method != "POST":
+            return _json(405, None)  # no server-initiated SSE stream
+        return self._post
 
-    @staticmethod
-    async def _read_request(
-        stream: anyio.abc.SocketStream, buffer: bytearray
-    ) -> tuple[str, str, dict[str, str], bytes] | None:
-        while b"\r\n\r\n" not in buffer:
-            if len(buffer) > _MAX_HEADER_BYTES:
-                raise _BadRequest("headers too large")
-            try:
-                buffer += await stream.receive()
-            except anyio.EndOfStream:
-                return None
-        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3:
-            raise _BadRequest("bad request line")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise _BadRequest("chunked request bodies are not supported")
-        length = int(headers.get("content-length") or 0)
-        if length > _MAX_BODY_BYTES:
-            raise _BadRequest("body too large")
-        while len(rest) < length:
-            rest += await stream.receive()
-        buffer[:] = rest[length:]
-        return parts[0], parts[1], headers, rest[:length]
-
-    @staticmethod
-    async def _respond(stream: anyio.abc.SocketStream, status: int, payload: Any) -> None:
-        body = b"" if payload is None else msgspec.json.encode(payload)
-        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}", f"Content-Length: {len(body)}"]
-        if body:
-            head.append("Content-Type: application/json")
-        await stream.send(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    async def _post(self, exchange: Exchange) -> None:
+        body = await exchange.body()
+        status, payload = await self._handle(body)
+        await exchange.reply(_json(status, payload))
 
     # -- MCP ------------------------------------------------------------------------------------
 
-    async def _handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any]:
-        if path.split("?", 1)[0] != "/mcp":
-            return 404, {"error": "not found"}
-        presented = headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(presented.encode(), self.token.encode()):
-            return 401, {"error": "unauthorized"}
-        if method == "DELETE":
-            return 200, None
-        if method != "POST":
-            return 405, None  # no server-initiated SSE stream
+    async def _handle(self, body: bytes) -> tuple[int, Any]:
         try:
             message = msgspec.json.decode(body)
         except msgspec.DecodeError:

@@ -198,6 +198,9 @@ class ModelUsage(_P):
     cached_input_tokens: int
     cost_usd: float | None
     request_id: str | None
+    # The figures or the cost are the proxy's conservative charge (no usage reported, a cut answer, an
+    # unpriced model at the table's highest rates), not the upstream's own report.
+    estimated: bool = False
 
 
 class UsageUpdated(_P):

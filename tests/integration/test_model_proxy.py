@@ -82,6 +82,9 @@ def proxied_payload(
         payload = runtime_payload(runtime, tmp, url, fakes)
     execution = payload["execution"]
     execution["permission_policy"] = "full_access"
+    if runtime == "acp:codex-acp":
+        # The upstream comes from the payload, never from the agent's CODEX_HOME/config.toml (§9).
+        execution["environment"]["OPENAI_BASE_URL"] = fakes.responses.base_url
     execution["environment"][KEY_VAR[runtime]] = SECRET
     execution["model_proxy"] = {"secrets": [KEY_VAR[runtime]], "budget": budget or {}}
     return payload

@@ -298,7 +298,10 @@ async def test_an_upstream_cut_mid_answer_closes_the_connection_and_counts_what_
         headers = {"x-api-key": h.placeholders["ANTHROPIC_API_KEY"]}
         with pytest.raises(httpx2.HTTPError):
             await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=messages_body())
-        assert len(h.usage) == 1 and h.usage[0].input_tokens == 120 and h.usage[0].output_tokens == 0
+        # The input as reported; the output was never reported (cut before message_delta): charged
+        # as the bytes relayed could hold, at most the request's max_tokens (100), and marked estimated.
+        assert len(h.usage) == 1 and h.usage[0].input_tokens == 120 and h.usage[0].output_tokens == 100
+        assert h.usage[0].estimated and h.proxy.ledger.run("run-1").output_tokens == 100
         # The proxy serves on.
         upstream.cut_after = None
         r = await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=messages_body())
@@ -362,9 +365,67 @@ async def test_a_request_target_cannot_change_the_upstream_host(target: str) -> 
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), 10)
         writer.close()
-    if target.startswith("http://"):
-        assert answer.startswith(b"HTTP/1.1 404") and upstream.received == []
-    else:
-        # Forwarded to the route's own upstream, the odd path kept as a path.
-        assert answer.startswith(b"HTTP/1.1 200")
-        assert [r.headers["host"] for r in upstream.received] == [own_host]
+    # None of them names a listed endpoint once normalised: refused, nothing sent anywhere.
+    assert answer.startswith(b"HTTP/1.1 404") and upstream.received == [] and own_host
+
+
+async def test_a_burst_of_parallel_requests_is_held_to_the_budget_by_reservations() -> None:
+    """8 requests at once under 1500 tokens, each answer really costing ~1100: before issue 30 all 8
+    were forwarded (each saw the budget unspent); now each reserves its worst case and the later ones
+    wait for the earlier to settle, so two are served and the rest refused budget.exceeded."""
+    chunks = anthropic_stream(input_tokens=100, output_tokens=1000)
+    async with (
+        SpacedUpstream(chunks, gap_s=0.02) as upstream,
+        proxied({"anthropic": upstream.url}, Budget(max_tokens_per_run=1500)) as h,
+        httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=16)) as client,
+    ):
+        body = {**messages_body(), "max_tokens": 1000}
+
+        async def one() -> int:
+            headers = {"x-api-key": h.placeholders["ANTHROPIC_API_KEY"]}
+            r = await client.post(f"{h.proxy.url}/anthropic/v1/messages", headers=headers, json=body)
+            return r.status_code
+
+        statuses = await asyncio.gather(*(one() for _ in range(8)))
+    assert sorted(statuses) == [200, 200] + [429] * 6, statuses
+    assert len(upstream.received) == 2
+    assert h.proxy.ledger.run("run-1").output_tokens == 2000
+
+
+async def test_a_chat_stream_is_made_to_report_usage_and_an_unpriced_model_reaches_a_usd_budget() -> None:
+    def chat(data: dict[str, object]) -> bytes:
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    chunks = [
+        chat({"model": "my-local-model", "choices": [{"delta": {"content": "hi"}}]}),
+        chat({"model": "my-local-model", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+        b"data: [DONE]\n\n",
+    ]
+    async with (
+        SpacedUpstream(chunks) as upstream,
+        proxied({"openai": upstream.url}, Budget(max_usd_per_run=0.0001)) as h,
+        httpx2.AsyncClient() as client,
+    ):
+        headers = {"authorization": f"Bearer {h.placeholders['OPENAI_API_KEY']}"}
+        body = {"model": "my-local-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        first = await client.post(f"{h.proxy.url}/openai/chat/completions", headers=headers, json=body)
+        second = await client.post(f"{h.proxy.url}/openai/chat/completions", headers=headers, json=body)
+    # The client did not ask for usage; the upstream was asked for it.
+    assert json.loads(upstream.received[0].body)["stream_options"] == {"include_usage": True}
+    assert first.status_code == 200 and h.usage[0].output_tokens == 5
+    # Unpriced: charged at the table's highest rates, so the USD budget is reached.
+    assert h.usage[0].estimated and h.usage[0].cost_usd is not None and h.usage[0].cost_usd > 0.0001
+    assert second.status_code == 429 and len(upstream.received) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/messages/batches", "/v1/complete", "/v1/../v1/files", "/v1/messages%2fbatches"])
+async def test_what_is_not_a_listed_endpoint_is_refused_and_never_gets_the_key(path: str) -> None:
+    async with SpacedUpstream(anthropic_stream()) as upstream, proxied({"anthropic": upstream.url}) as h:
+        async with httpx2.AsyncClient() as client:
+            r = await client.post(
+                f"{h.proxy.url}/anthropic{path}",
+                headers={"x-api-key": h.placeholders["ANTHROPIC_API_KEY"]},
+                json=messages_body(),
+            )
+        assert r.status_code == 404 and "error" in r.json()
+        assert upstream.received == []

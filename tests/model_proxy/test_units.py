@@ -7,8 +7,8 @@ import json
 import msgspec
 import pytest
 
-from driver.model_proxy import plan, prices
-from driver.model_proxy.budget import Ledger
+from driver.model_proxy import endpoints, plan, prices
+from driver.model_proxy.budget import Exceeded, Ledger, Ticket
 from driver.model_proxy.usage import UsageReader, dialect_of
 from driver.protocol.boot import BOOT_DECODER, Budget, ExecutionConfig
 from tests.model_proxy.upstreams import anthropic_stream
@@ -110,17 +110,23 @@ def test_cost_prices_cached_and_written_tokens_at_their_rates() -> None:
 # -- budget ------------------------------------------------------------------------------------------
 
 
+def spend(ledger: Ledger, run_id: str | None, i: int, o: int, cost: float) -> None:
+    ticket = ledger.admit(run_id, 0, 0.0)
+    assert not isinstance(ticket, Exceeded)
+    ledger.settle(ticket, i, o, 0, cost)
+
+
 def test_budget_limits_each_reached_then_refused() -> None:
     ledger = Ledger(Budget(max_usd_per_run=1.0, max_tokens_per_run=100, max_usd_per_session=1.7))
     assert ledger.exceeded("r1") is None
-    ledger.record("r1", 50, 49, 0, 0.5)
+    spend(ledger, "r1", 50, 49, 0.5)
     assert ledger.exceeded("r1") is None
-    ledger.record("r1", 1, 0, 0, 0.1)
+    spend(ledger, "r1", 1, 0, 0.1)
     assert ledger.exceeded("r1").limit == "max_tokens_per_run"  # type: ignore[union-attr]
-    ledger.record("r2", 1, 1, 0, 1.0)
+    spend(ledger, "r2", 1, 1, 1.0)
     assert ledger.exceeded("r2").limit == "max_usd_per_run"  # type: ignore[union-attr]
     assert ledger.exceeded("r3") is None
-    ledger.record("r3", 1, 1, 0, 0.2)
+    spend(ledger, "r3", 1, 1, 0.2)
     assert ledger.exceeded("r3").limit == "max_usd_per_session"  # type: ignore[union-attr]
     assert ledger.exceeded(None).limit == "max_usd_per_session"  # type: ignore[union-attr]
     spent = ledger.run("r1").as_usage()
@@ -133,11 +139,95 @@ def test_budget_limits_each_reached_then_refused() -> None:
     }
 
 
-def test_unpriced_requests_count_tokens_but_not_usd() -> None:
-    ledger = Ledger(Budget(max_usd_per_run=0.01, max_tokens_per_run=10))
-    ledger.record("r", 5, 6, 0, None)
-    assert ledger.run("r").as_usage()["cost_usd"] is None
-    assert ledger.exceeded("r").limit == "max_tokens_per_run"  # type: ignore[union-attr]
+def test_a_burst_sees_the_reservations_of_the_requests_in_flight() -> None:
+    """Check and reserve are one step: of 8 requests admitted at once under a budget one request's
+    worst case fills, one goes through; the others are told to retry (reserved), and a request that
+    fails frees its reservation."""
+    ledger = Ledger(Budget(max_tokens_per_run=1000))
+    tickets = [ledger.admit("r", 1200, 0.0) for _ in range(8)]
+    admitted = [t for t in tickets if isinstance(t, Ticket)]
+    assert len(admitted) == 1
+    assert all(isinstance(t, Exceeded) and t.reserved for t in tickets[1:])
+    ledger.release(admitted[0])
+    again = ledger.admit("r", 1200, 0.0)
+    assert isinstance(again, Ticket)
+    ledger.settle(again, 900, 300, 0, 0.0)
+    used = ledger.admit("r", 1, 0.0)
+    assert isinstance(used, Exceeded) and not used.reserved and used.limit == "max_tokens_per_run"
+
+
+def test_after_its_run_closed_a_request_is_charged_to_the_session() -> None:
+    ledger = Ledger(Budget(max_usd_per_session=10.0))
+    late = ledger.admit("r1", 10, 0.01)
+    early = ledger.admit("r1", 10, 0.01)
+    assert isinstance(late, Ticket) and isinstance(early, Ticket)
+    assert ledger.settle(early, 5, 5, 0, 0.5) is True
+    usage = ledger.close_run("r1")
+    assert ledger.settle(late, 7, 7, 0, 0.7) is False  # ended after the terminal: the session's
+    assert usage["input_tokens"] == 5 and ledger.run("r1").as_usage() == usage
+    assert ledger.session.cost_usd == pytest.approx(1.2)
+    after = ledger.admit("r1", 1, 0.0)  # a request admitted for a closed run is the session's
+    assert isinstance(after, Ticket) and after.run_id is None
+
+
+def test_unpriced_models_are_charged_at_the_tables_highest_rates() -> None:
+    cost, priced = prices.charge_usd("my-local-model", input_tokens=1_000_000, output_tokens=1_000_000)
+    top_in = max(p.input for p in prices.PRICES.values())
+    top_out = max(p.output for p in prices.PRICES.values())
+    assert priced is False and cost == pytest.approx(top_in + top_out)
+    assert prices.charge_usd("claude-sonnet-4-5", input_tokens=1_000_000, output_tokens=0) == (3.0, True)
+
+
+# -- endpoints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "route", "path"),
+    [
+        ("/anthropic/v1/messages?beta=true", "anthropic", "/v1/messages"),
+        ("/anthropic/v1/messages#x", "anthropic", "/v1/messages"),
+        ("/anthropic//v1//messages/", "anthropic", "/v1/messages"),
+        ("/anthropic/v1/x/../messages", "anthropic", "/v1/messages"),
+        ("/anthropic/v1/%2e%2e/v1/messages/batches", "anthropic", "/v1/messages/batches"),
+        ("/openai/./responses", "openai", "/responses"),
+    ],
+)
+def test_targets_are_normalised_before_matching(target: str, route: str, path: str) -> None:
+    t = endpoints.normalise(target)
+    assert t is not None and (t.route, t.path) == (route, path)
+
+
+@pytest.mark.parametrize(
+    "target", ["http://evil/v1/messages", "/anthropic/v1%2fmessages", "/..", "/a/%00", "/a\\b", "*", "/"]
+)
+def test_odd_targets_are_refused(target: str) -> None:
+    assert endpoints.normalise(target) is None
+
+
+def test_only_listed_endpoints_are_forwarded() -> None:
+    assert endpoints.match("anthropic", "POST", "/v1/messages") is not None
+    for method, path in (
+        ("POST", "/v1/messages/batches"),
+        ("POST", "/v1/complete"),
+        ("GET", "/v1/messages"),
+        ("POST", "/v1/files"),
+    ):
+        assert endpoints.match("anthropic", method, path) is None
+    assert endpoints.match("openai", "POST", "/embeddings") is None
+    assert endpoints.match("openai", "POST", "/batches") is None
+    assert endpoints.match("openai", "POST", "/chat/completions") is not None
+
+
+def test_inspect_forces_usage_on_a_chat_stream_and_reads_the_worst_case() -> None:
+    body = json.dumps({"model": "gpt-4o", "stream": True, "max_tokens": 50, "n": 2, "stream_options": {"x": 1}})
+    ask = endpoints.inspect("chat", body.encode())
+    assert json.loads(ask.body)["stream_options"] == {"x": 1, "include_usage": True}
+    assert ask.max_output_tokens == 100 and ask.model == "gpt-4o"
+    plain = endpoints.inspect("responses", b'{"model": "gpt-5", "input": "hi"}')
+    assert plain.max_output_tokens == endpoints.DEFAULT_MAX_OUTPUT
+    assert plain.body == b'{"model": "gpt-5", "input": "hi"}'
+    with pytest.raises(endpoints.BadRequest):
+        endpoints.inspect("anthropic", b"[1, 2]")
 
 
 # -- plan --------------------------------------------------------------------------------------------
@@ -211,14 +301,24 @@ def test_codex_home_config_rewritten_line_by_line() -> None:
     text = (
         "[model_providers.a]\nbase_url = \"http://one/v1\"\n[model_providers.b]\n  base_url = 'http://two/v1'  # note\n"
     )
-    assert plan.codex_home_urls(text) == ["http://one/v1", "http://two/v1"]
-    out = plan.rewrite_codex_config(text, lambda u: "P" + str(plan.codex_home_urls(text).index(u)))
-    assert 'base_url = "P0"' in out and '  base_url = "P1"  # note' in out and "http://" not in out
-    odd = 'base_url = "unix:///sock"\nbase_url = "http://ok/v1"\n'
-    assert plan.codex_home_urls(odd) == ["http://ok/v1"]
-    assert plan.rewrite_codex_config(odd, lambda u: "P" if u == "http://ok/v1" else None) == (
-        'base_url = "unix:///sock"\nbase_url = "P"\n'
+    out = plan.rewrite_codex_config(text, "P")
+    assert 'base_url = "P"' in out and '  base_url = "P"  # note' in out and "http://" not in out
+
+
+def test_each_secret_is_bound_to_its_own_routes() -> None:
+    codex = execution(
+        runtime="openai-app-server",
+        environment={"OPENAI_API_KEY": "a" * 10, "GW_KEY": "b" * 10, "OTHER": "c" * 10, "ANTHROPIC_API_KEY": "d" * 10},
+        provider_options={"base_url": "https://gw.example/v1", "env_key": "GW_KEY"},
+        model_proxy={"secrets": ["OPENAI_API_KEY", "GW_KEY", "OTHER", "ANTHROPIC_API_KEY"]},
     )
+    assert plan.bindings(codex, ["OPENAI_API_KEY", "GW_KEY", "OTHER", "ANTHROPIC_API_KEY"]) == {
+        "OPENAI_API_KEY": frozenset({"openai"}),
+        "GW_KEY": frozenset({"codex"}),
+        "OTHER": frozenset({"openai"}),
+        "ANTHROPIC_API_KEY": frozenset({"anthropic"}),
+    }
+    assert set(plan.routes(codex)) == {"anthropic", "openai", "codex"}
 
 
 def test_boot_refuses_a_secret_that_is_not_in_the_environment() -> None:
