@@ -21,9 +21,7 @@ async def apply_file(db: asyncpg.Connection, instance_id: str, payload: dict[str
         data = base64.b64decode(payload["data_b64"], validate=True)
     except (binascii.Error, ValueError):
         raise CheckpointRefused(f"{path}: data_b64 is not base64") from None
-    row = await db.fetchrow(
-        "SELECT data FROM checkpoint_files WHERE instance_id = $1 AND path = $2", instance_id, path
-    )
+    row = await db.fetchrow("SELECT data FROM checkpoint_files WHERE instance_id = $1 AND path = $2", instance_id, path)
     held = b"" if row is None else bytes(row[0])
     if offset > len(held):
         raise CheckpointRefused(f"{path}: a chunk at offset {offset}, but only {len(held)} bytes are held")

@@ -157,3 +157,45 @@ def _checkpoint(r: asyncpg.Record) -> dict[str, Any]:
         "bytes": r["bytes"],
         "recorded_at": r["recorded_at"],
     }
+
+
+class PgConsoleQueries(PgReads):
+    """The console's own queries (`console.queries.ConsoleQueries`) on the PostgreSQL engine."""
+
+    def events_after(self, instance_id: str, after_row: int, limit: int) -> list[dict[str, Any]]:
+        rows = self._fetch(
+            "SELECT id, event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at, payload, stored_at "
+            "FROM events WHERE instance_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            instance_id,
+            after_row,
+            limit,
+        )
+        return [{"row": r["id"], **event_row(r)} for r in rows]
+
+    def event(self, instance_id: str, event_id: str) -> dict[str, Any] | None:
+        rows = self._fetch(
+            "SELECT kind, payload FROM events WHERE instance_id = $1 AND event_id = $2", instance_id, event_id
+        )
+        return None if not rows else {"kind": rows[0]["kind"], "payload": json.loads(rows[0]["payload"])}
+
+    def instances(self) -> list[dict[str, Any]]:
+        rows = self._fetch("SELECT instance_id, highest_epoch, terminated_at FROM instances ORDER BY updated_at DESC")
+        return [dict(r) for r in rows]
+
+    def latest_payload(self, instance_id: str, kind: str) -> dict[str, Any] | None:
+        found = self._value(
+            "SELECT payload FROM events WHERE instance_id = $1 AND kind = $2 ORDER BY id DESC LIMIT 1",
+            instance_id,
+            kind,
+        )
+        return None if found is None else dict(json.loads(found))
+
+    def count_diagnostics(self, instance_id: str, code: str) -> int:
+        return int(
+            self._value(
+                "SELECT COUNT(*) FROM events WHERE instance_id = $1 AND kind = 'diagnostic.reported' "
+                "AND (payload::jsonb) ->> 'code' = $2",
+                instance_id,
+                code,
+            )
+        )

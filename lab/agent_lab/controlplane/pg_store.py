@@ -69,9 +69,7 @@ class PgEngine:
 
     async def start(self) -> None:
         settings = {"synchronous_commit": "on", "application_name": f"agent-lab {self.gateway_id}"}
-        self._pool = await asyncpg.create_pool(
-            self.url, min_size=2, max_size=self._pool_size, server_settings=settings
-        )
+        self._pool = await asyncpg.create_pool(self.url, min_size=2, max_size=self._pool_size, server_settings=settings)
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK_KEY)
             await conn.execute(SCHEMA)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ssl
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 from websockets.asyncio.server import Server, serve
@@ -41,6 +42,7 @@ from driver.protocol.frames import (
 
 if TYPE_CHECKING:
     from agent_lab.controlplane.console.config import ConsoleConfig
+    from agent_lab.controlplane.console.queries import ConsoleQueries
     from agent_lab.controlplane.http_api import HttpListener
 
 log = logs.get("agent_driver.controlplane")
@@ -76,7 +78,8 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
     ) -> None:
         # The store: a SQLite file, or a `postgresql://` URL that several gateways share.
         self.store_url = str(db_path)
-        self.db_path = Path(db_path) if not is_postgres(db_path) else Path(f"{gateway_id}.pg")
+        # (With PostgreSQL, db_path only names where the console keeps uploads: beside no file.)
+        self.db_path = Path(db_path) if not is_postgres(db_path) else Path(tempfile.gettempdir()) / f"cp-{gateway_id}"
         self.gateway_id = gateway_id
         # Gateways over one database may share one port (SO_REUSEPORT: the kernel spreads connections and
         # a dead gateway's share moves to the living); `gateway_port` is a second port of this one only.
@@ -218,6 +221,16 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
 
     # -- queries (for tests and the HTTP API) ---------------------------------------------------
+
+    def console_queries(self) -> ConsoleQueries:
+        """The console's read connection for this control plane's engine."""
+        from agent_lab.controlplane.console.queries import ConsoleQueries
+
+        if not is_postgres(self.store_url):
+            return ConsoleQueries(self.db_path)
+        from agent_lab.controlplane.pg_reads import PgConsoleQueries
+
+        return cast("ConsoleQueries", PgConsoleQueries(self.store_url))  # the same methods, duck-typed
 
     @property
     def gateway_url(self) -> str | None:

@@ -1,0 +1,83 @@
+"""`agent-driver controlplane gateways N --store postgresql://... --token-file F [serve options]`: N gateway
+processes over one database, on one shared port (SO_REUSEPORT), each a `controlplane serve` of its own.
+
+The token file is read (or created) here first, so N children do not race to create it. SIGINT/SIGTERM
+stop every child; a child that dies is reported and not restarted (a supervisor's job, not this one's).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent_lab.controlplane.engine import is_postgres
+
+PROG = "agent-driver controlplane gateways"
+
+
+def gateway_argv(store: str, index: int, serve_args: list[str]) -> list[str]:
+    """The command line of gateway `index` (1-based)."""
+    return [
+        sys.executable,
+        "-m",
+        "agent_lab.controlplane.cli",
+        "serve",
+        "--store",
+        store,
+        "--gateway-id",
+        f"gw-{index}",
+        "--reuse-port",
+        *serve_args,
+    ]
+
+
+def _split(argv: list[str]) -> tuple[int, str, list[str]]:
+    if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+        raise SystemExit(f"usage: {PROG} N --store postgresql://... --token-file FILE [serve options]")
+    count, rest = int(argv[0]), argv[1:]
+    store = None
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg == "--store" and i + 1 < len(rest):
+            store, i = rest[i + 1], i + 2
+            continue
+        if arg.startswith("--store="):
+            store = arg.partition("=")[2]
+        elif arg == "--db":
+            raise SystemExit(f"{PROG}: gateways share a PostgreSQL database: give --store postgresql://...")
+        else:
+            out.append(arg)
+        i += 1
+    if store is None or not is_postgres(store):
+        raise SystemExit(f"{PROG}: --store postgresql://... is required (SQLite serves one process only)")
+    return count, store, out
+
+
+def main(argv: list[str]) -> int:
+    count, store, serve_args = _split(argv)
+    if "--token-file" in serve_args:
+        from agent_lab.controlplane.cli import read_or_create_token
+
+        read_or_create_token(Path(serve_args[serve_args.index("--token-file") + 1]))
+    children = [subprocess.Popen(gateway_argv(store, i, serve_args)) for i in range(1, count + 1)]
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"{PROG}: {count} gateways (pids {' '.join(str(c.pid) for c in children)})", file=sys.stderr, flush=True)
+    while not stopping and any(c.poll() is None for c in children):
+        time.sleep(0.2)  # a supervisor's poll of its children, not a wait for a test's condition
+    for c in children:
+        if c.poll() is None:
+            c.send_signal(signal.SIGTERM)
+    codes = [c.wait(timeout=30) for c in children]
+    return 0 if stopping else max(codes)
