@@ -1,7 +1,7 @@
 """`python -m agent_lab.bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
 Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment,
-steer, model_proxy, processes.
+steer, model_proxy, processes, gateways.
 Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
 """
 
@@ -25,6 +25,7 @@ BENCHMARKS = (
     "steer",
     "model_proxy",
     "processes",
+    "gateways",
 )
 
 

@@ -34,6 +34,7 @@ class Gateways:
         self.store = store
         self.count = count
         self.port = free_port()
+        folder.mkdir(parents=True, exist_ok=True)
         self.token_file = folder / "cp.token"
         self.token_file.write_text(TOKEN + "\n")
         self.heartbeat_ms = heartbeat_ms
