@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -134,3 +135,23 @@ async def test_handshakes_beyond_the_cap_are_told_to_try_later(pg_url: str) -> N
         ws, _ = await handshake(cp.url)
         assert cp.refused_busy == 1
         await ws.close()
+
+
+def test_gateways_share_one_console_token_file(tmp_path: Path) -> None:
+    """`controlplane gateways N` gives every gateway the same console token file (created once, before
+    the children start), so a console session cookie issued by one gateway verifies at every other."""
+    from agent_lab.controlplane.console.sessions import Sessions
+    from agent_lab.controlplane.gateways import gateway_argv, shared_token_files
+
+    args = shared_token_files(["--token-file", str(tmp_path / "cp.token"), "--port", "9"])
+    console_file = tmp_path / "console.token"
+    assert args[-2:] == ["--console-token-file", str(console_file)]
+    token = console_file.read_text().strip()
+    assert token and (console_file.stat().st_mode & 0o777) == 0o600
+    argvs = [gateway_argv("postgresql://x/y", i, args) for i in (1, 2)]
+    assert all(a[a.index("--console-token-file") + 1] == str(console_file) for a in argvs)
+    cookie = Sessions(token).issue(8766)
+    assert Sessions(console_file.read_text().strip()).valid(cookie, 8766)
+    given = tmp_path / "mine.token"
+    again = shared_token_files(["--token-file", str(tmp_path / "cp.token"), "--console-token-file", str(given)])
+    assert again.count("--console-token-file") == 1 and given.exists()

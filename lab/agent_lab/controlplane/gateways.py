@@ -1,8 +1,15 @@
 """`agent-driver controlplane gateways N --store postgresql://... --token-file F [serve options]`: N gateway
 processes over one database, on one shared port (SO_REUSEPORT), each a `controlplane serve` of its own.
 
-The token file is read (or created) here first, so N children do not race to create it. SIGINT/SIGTERM
-stop every child; a child that dies is reported and not restarted (a supervisor's job, not this one's).
+The token files are read (or created) here first, so N children do not race to create them. Every
+gateway gets the same console token file (`--console-token-file`, default `console.token` beside the
+token file): a console session cookie is an HMAC under the console token bound to the port, so with one
+token on one shared port a cookie issued by one gateway is valid at every other, whichever gateway the
+kernel hands the browser's next connection to. A lone `serve` without that file makes a random console
+token per process and prints a one-time login link whose code lives in that process's memory: with N
+gateways that would be N tokens (a cookie valid at one gateway only) and a link another gateway cannot
+redeem, so gateways print no link: the operator logs in with the token in the file (docs/controlplane.md).
+SIGINT/SIGTERM stop every child; a child that dies is reported and not restarted (a supervisor's job).
 """
 
 from __future__ import annotations
@@ -58,12 +65,27 @@ def _split(argv: list[str]) -> tuple[int, str, list[str]]:
     return count, store, out
 
 
+def shared_token_files(serve_args: list[str]) -> list[str]:
+    """The serve options with one console token file for every gateway; both token files exist after."""
+    from agent_lab.controlplane.cli import read_or_create_token
+
+    args = list(serve_args)
+    if "--token-file" not in args or args.index("--token-file") + 1 >= len(args):
+        raise SystemExit(f"{PROG}: --token-file FILE is required")
+    token_file = Path(args[args.index("--token-file") + 1])
+    read_or_create_token(token_file)
+    if "--console-token-file" in args and args.index("--console-token-file") + 1 < len(args):
+        console_file = Path(args[args.index("--console-token-file") + 1])
+    else:
+        console_file = token_file.with_name("console.token")
+        args += ["--console-token-file", str(console_file)]
+    read_or_create_token(console_file)
+    return args
+
+
 def main(argv: list[str]) -> int:
     count, store, serve_args = _split(argv)
-    if "--token-file" in serve_args:
-        from agent_lab.controlplane.cli import read_or_create_token
-
-        read_or_create_token(Path(serve_args[serve_args.index("--token-file") + 1]))
+    serve_args = shared_token_files(serve_args)
     children = [subprocess.Popen(gateway_argv(store, i, serve_args)) for i in range(1, count + 1)]
     stopping = False
 
