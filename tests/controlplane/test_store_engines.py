@@ -87,6 +87,25 @@ async def test_batches_are_idempotent_ordered_and_conflicts_named(opened: Opened
     assert opened.reads.count_events() == 4
 
 
+async def test_batches_queued_together_are_stored_once_each_and_answered_each(opened: Opened) -> None:
+    """Batches that queue up on one instance's writer are stored together (PostgreSQL: one statement);
+    each still gets its own answer: an event in two of them is stored once, a changed one conflicts."""
+    gen = (await opened.engine.claim(INSTANCE, 1)).generation
+    await opened.store([ev(1)], gen)
+    changed = valid(event(2, "message.delta", payload={"message_id": "m", "text": "other"}))
+    futures = [
+        opened.engine.insert_events(INSTANCE, gen, batch, [])
+        for batch in ([ev(1), ev(2)], [ev(2), ev(3)], [changed], [ev(3)])
+    ]
+    a, b, c, d = await asyncio.gather(*futures)
+    assert ([e.seq for e in a.stored], sorted(a.accepted)) == ([2], sorted([ev(1).event_id, ev(2).event_id]))
+    assert ([e.seq for e in b.stored], sorted(b.accepted)) == ([3], sorted([ev(2).event_id, ev(3).event_id]))
+    assert ([r.code for r in c.rejected], c.accepted, c.stored) == (["event.conflict"], [], [])
+    assert (d.stored, d.accepted) == ([], [ev(3).event_id])
+    assert [e["seq"] for e in opened.reads.events(INSTANCE)] == [1, 2, 3]
+    assert opened.reads.events(INSTANCE)[1]["payload"] == json.loads(ev(2).payload_json)
+
+
 async def test_a_batch_of_a_superseded_generation_stores_nothing(opened: Opened) -> None:
     old = (await opened.engine.claim(INSTANCE, 1)).generation
     await opened.store([ev(1)], old)

@@ -94,6 +94,29 @@ FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::
 ON CONFLICT (instance_id, event_id) DO NOTHING
 """
 
+# A group of plain events in one statement and one implicit transaction (one round trip): the instance row
+# is locked FOR SHARE (MATERIALIZED: the lock is taken once, before the insert, never folded away), the
+# events are inserted only while the sender's link generation ($13) holds, and the statement answers with
+# the generation it saw and the event ids it inserted (a duplicate is not among them).
+FAST_INSERT = """
+WITH held AS MATERIALIZED (
+    SELECT link_generation FROM instances WHERE instance_id = $1 FOR SHARE
+), ins AS (
+    INSERT INTO events (instance_id, event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at,
+                        payload, stored_at, digest)
+    SELECT $1, e.event_id, e.seq, e.epoch, e.kind, e.delivery, e.session_id, e.run_id, e.occurred_at,
+           e.payload, $2, e.digest
+    FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[],
+                $10::text[], $11::text[], $12::text[])
+         AS e(event_id, seq, epoch, kind, delivery, session_id, run_id, occurred_at, payload, digest),
+         held
+    WHERE held.link_generation = $13
+    ON CONFLICT (instance_id, event_id) DO NOTHING
+    RETURNING event_id
+)
+SELECT (SELECT link_generation FROM held) AS held, ARRAY(SELECT event_id FROM ins) AS stored
+"""
+
 # One conditional statement claims a group of instances, in instance id order (two gateways claiming
 # overlapping groups in different orders would deadlock). A claim is refused (no row returned) for a
 # terminated instance or an older epoch; otherwise it takes the next link generation.

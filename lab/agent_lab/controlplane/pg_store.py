@@ -23,17 +23,15 @@ from typing import Any
 
 import asyncpg
 
-from agent_lab.controlplane import pg_checkpoints
-from agent_lab.controlplane.checkpoints import CheckpointRefused
+from agent_lab.controlplane import pg_events
 from agent_lab.controlplane.engine import Notice, Reads
-from agent_lab.controlplane.pg_schema import CLAIM, EVENT_INSERT, SCHEMA, SCHEMA_LOCK_KEY
+from agent_lab.controlplane.pg_schema import CLAIM, SCHEMA, SCHEMA_LOCK_KEY
 from agent_lab.controlplane.store_rows import (
     PENDING,
     BatchResult,
     CommandExists,
     EpochVerdict,
     StoredRejection,
-    Superseded,
     now_iso,
 )
 from agent_lab.controlplane.validation import ValidEvent
@@ -203,7 +201,10 @@ class PgEngine:
                 group = [item for item in queue if item[0] == generation]  # one link generation per group
                 queue[:] = [item for item in queue if item[0] != generation]
                 try:
-                    results: list[BatchResult] | Exception = await self._store_group(instance_id, generation, group)
+                    results: list[BatchResult] | Exception = await pg_events.store_group(
+                        self.pool, instance_id, generation, [(ev, rej) for _, ev, rej, _ in group]
+                    )
+                    self.commits += 1
                 except Exception as exc:
                     results = exc
                 for at, (_, _, _, fut) in enumerate(group):
@@ -215,83 +216,6 @@ class PgEngine:
                         fut.set_result(results[at])
         finally:
             del self._writers[instance_id]
-
-    async def _store_group(self, instance_id: str, generation: int, group: list[_Item]) -> list[BatchResult]:
-        stamp = now_iso()
-        async with self.pool.acquire() as conn, conn.transaction():
-            held = await conn.fetchval(
-                "SELECT link_generation FROM instances WHERE instance_id = $1 FOR SHARE", instance_id
-            )
-            if held != generation:
-                raise Superseded(f"link generation {generation} of {instance_id} no longer holds")
-            ids = list({ev.event_id for _, events, _, _ in group for ev in events})
-            known: dict[str, str] = {}
-            if ids:
-                rows = await conn.fetch(
-                    "SELECT event_id, digest FROM events WHERE instance_id = $1 AND event_id = ANY($2::text[])",
-                    instance_id,
-                    ids,
-                )
-                known = {r[0]: r[1] for r in rows}
-            fresh: list[ValidEvent] = []
-            results: list[BatchResult] = []
-            for _, events, rejected, _ in group:
-                result = BatchResult(accepted=[], rejected=list(rejected), stored=[], stored_at=stamp)
-                new: list[str] = []
-                for ev in events:
-                    digest = known.get(ev.event_id)
-                    if digest is not None:
-                        if digest == ev.digest:
-                            result.accepted.append(ev.event_id)
-                        else:
-                            result.rejected.append(_conflict(ev.event_id))
-                        continue
-                    refused = await self._apply_checkpoint(conn, instance_id, ev, stamp)
-                    if refused is not None:
-                        result.rejected.append(refused)
-                        continue
-                    known[ev.event_id] = ev.digest
-                    fresh.append(ev)
-                    result.stored.append(ev)
-                    new.append(ev.event_id)
-                result.accepted.extend(new)
-                results.append(result)
-            if fresh:
-                await conn.execute(EVENT_INSERT, instance_id, stamp, *_columns(fresh))
-            for ev in fresh:
-                if ev.kind == "command.finished":
-                    payload = json.loads(ev.payload_json)
-                    res, err = payload.get("result"), payload.get("error")
-                    await _apply_update(
-                        conn,
-                        instance_id,
-                        str(payload["command_id"]),
-                        str(payload["status"]),
-                        None if res is None else json.dumps(res),
-                        None if err is None else json.dumps(err),
-                        stamp,
-                    )
-        self.commits += 1
-        return results
-
-    @staticmethod
-    async def _apply_checkpoint(
-        conn: asyncpg.Connection, instance_id: str, ev: ValidEvent, stamp: str
-    ) -> StoredRejection | None:
-        if not ev.kind.startswith("checkpoint."):
-            return None
-        try:
-            async with conn.transaction():  # a savepoint: a refused event leaves nothing behind
-                payload = json.loads(ev.payload_json)
-                if ev.kind == "checkpoint.file":
-                    await pg_checkpoints.apply_file(conn, instance_id, payload)
-                else:
-                    await pg_checkpoints.apply_recorded(conn, instance_id, payload, stamp)
-        except CheckpointRefused as exc:
-            return StoredRejection(
-                event_id=ev.event_id, code="checkpoint.incomplete", message=str(exc), retryable=False
-            )
-        return None
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -349,7 +273,7 @@ class PgEngine:
         error: dict[str, Any] | None,
     ) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await _apply_update(
+            return await pg_events.apply_update(
                 conn,
                 instance_id,
                 command_id,
@@ -370,60 +294,3 @@ class PgEngine:
                 stamp,
             )
             await conn.execute("SELECT pg_notify('cp_terminated', $1)", instance_id)
-
-
-async def _apply_update(
-    conn: asyncpg.Connection,
-    instance_id: str,
-    command_id: str,
-    status: str,
-    result_json: str | None,
-    error_json: str | None,
-    stamp: str,
-) -> bool:
-    await conn.execute(
-        "INSERT INTO command_updates (instance_id, command_id, status, result, error, received_at) "
-        "VALUES ($1, $2, $3, $4, $5, $6)",
-        instance_id,
-        command_id,
-        status,
-        result_json,
-        error_json,
-        stamp,
-    )
-    done = await conn.execute(
-        "UPDATE commands SET status = $1, result = $2, error = $3, updated_at = $4 "
-        "WHERE command_id = $5 AND instance_id = $6 AND status <> ALL($7::text[])",
-        status,
-        result_json,
-        error_json,
-        stamp,
-        command_id,
-        instance_id,
-        _TERMINAL,
-    )
-    return bool(done == "UPDATE 1")
-
-
-def _conflict(event_id: str) -> StoredRejection:
-    return StoredRejection(
-        event_id=event_id,
-        code="event.conflict",
-        message="an event with this event_id and different content is already stored",
-        retryable=False,
-    )
-
-
-def _columns(events: Sequence[ValidEvent]) -> list[list[Any]]:
-    return [
-        [ev.event_id for ev in events],
-        [ev.seq for ev in events],
-        [ev.epoch for ev in events],
-        [ev.kind for ev in events],
-        [ev.delivery for ev in events],
-        [ev.session_id for ev in events],
-        [ev.run_id for ev in events],
-        [ev.occurred_at for ev in events],
-        [ev.payload_json for ev in events],
-        [ev.digest for ev in events],
-    ]
