@@ -28,9 +28,11 @@ $(STAMP_NPM): package.json package-lock.json scripts/check-runtimes.mjs
 	touch $@
 
 # bubblewrap: codex-acp sandboxes commands with bwrap. chromium + chromium-driver: the console's browser tests.
+# postgresql-15: the control plane's PostgreSQL engine (its tests start a throwaway cluster).
 $(STAMP_DEB): Makefile | $(STAMP_PY)
 	command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
 	{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+	{ command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; } || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; }
 	touch $@
 
 # The image smoke test (tests/image/) makes its venv from Debian's own python3, as the image does.

@@ -1,7 +1,7 @@
 """`python -m agent_lab.bench [NAME ...]`: run every benchmark, or the named ones, each in a fresh process.
 
 Names: event_path, backlog_rss, cold_start, ttft, cancel_evidence, acp_agents, heartbeat, containment,
-steer, model_proxy, processes, idle_rss.
+steer, model_proxy, processes, idle_rss, gateways.
 Exit status is nonzero only if a benchmark crashed; goals that are not met are printed as such.
 """
 
@@ -26,6 +26,7 @@ BENCHMARKS = (
     "model_proxy",
     "processes",
     "idle_rss",
+    "gateways",
 )
 
 

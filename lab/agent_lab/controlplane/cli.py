@@ -11,6 +11,11 @@ agent-driver controlplane [serve] --db cp.db --token-file cp.token [--host 127.0
     on that port needs the console token. --artifacts names where an instance's cwd is readable here,
     so its artifacts can be downloaded.
 
+agent-driver controlplane gateways N --store postgresql://... --token-file cp.token [serve options]
+    Start N gateway processes over one PostgreSQL database, sharing --port and --http-port (SO_REUSEPORT:
+    a driver that redials after a gateway died lands on a living one). Each serves the driver link, the
+    HTTP API and the console; ownership, commands and events go through the database (docs/controlplane.md).
+
 agent-driver controlplane send --url http://127.0.0.1:8766 --token-file cp.token --instance ID
                           --kind input.start [--run-id R] [--text "..."] [--field key=value ...]
                           [--json '{"...": ...}'] [--command-id ID]
@@ -74,6 +79,10 @@ def main(argv: list[str]) -> int:
         return conformance_main(argv[1:])
     if argv and argv[0] in CLIENT_COMMANDS:
         return _client(argv[0], argv[1:])
+    if argv and argv[0] == "gateways":
+        from agent_lab.controlplane.gateways import main as gateways_main
+
+        return gateways_main(argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
     return _serve(argv)
@@ -116,7 +125,10 @@ def _serve(argv: list[str]) -> int:
         description="Run the reference control plane.",
         epilog="client commands (each with --help): " + ", ".join((*CLIENT_COMMANDS, "boot", "conformance")),
     )
-    p.add_argument("--db", required=True, type=Path, help="SQLite database file (created when missing)")
+    p.add_argument("--db", type=Path, help="SQLite database file (created when missing)")
+    p.add_argument("--store", help="the store: a SQLite file, or a postgresql:// URL that N gateways share")
+    p.add_argument("--gateway-id", default="gw-1", help="this gateway's name (several over one database)")
+    p.add_argument("--reuse-port", action="store_true", help="share --port/--http-port with other gateways")
     p.add_argument("--token-file", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
@@ -132,6 +144,8 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--tls-key", type=Path, help="private key for --tls-cert (PEM)")
     p.add_argument("--log-level", default="info")
     args = parse(p, argv)
+    if (args.db is None) == (args.store is None):
+        p.error("give the store: --db FILE (SQLite) or --store FILE|postgresql://...")
 
     from agent_lab.controlplane.console import is_loopback
     from driver.logs import REDACTOR, configure
@@ -183,7 +197,9 @@ async def _run_server(args: argparse.Namespace, token: str, console_token: str, 
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(args.tls_cert, args.tls_key)
     cp = ControlPlane(
-        args.db,
+        args.store or args.db,
+        gateway_id=args.gateway_id,
+        reuse_port=args.reuse_port,
         tokens={token: args.instance},
         host=args.host,
         port=args.port,
@@ -412,3 +428,7 @@ def _show(answer: tuple[int, Any], prog: str = "agent-driver controlplane") -> i
     else:
         print(f"{prog}: the control plane refused it (HTTP {status}): {error or 'no reason given'}", file=sys.stderr)
     return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

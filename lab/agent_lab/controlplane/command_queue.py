@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed
 
 from agent_lab.controlplane.link import CLOSE_TERMINATED, Link
-from agent_lab.controlplane.store import Store
 from driver import logs
 
 log = logs.get("agent_driver.controlplane")
@@ -31,7 +30,7 @@ class CommandQueue:
     ) -> tuple[str, int]:
         """Store a command (next seq of the instance) and send it now if the instance is connected;
         otherwise it goes out after the next welcome."""
-        cmd = await self._write(Store.add_command, instance_id, kind, fields, command_id)
+        cmd = await self.engine.add_command(instance_id, kind, fields, command_id)
         # Watchers (the console, the dev chat) learn of commands that others queued.
         self._live.publish(instance_id, {"type": "command", "command_id": cmd["command_id"], "kind": kind})
         link = self._links.get(instance_id)
@@ -63,7 +62,7 @@ class CommandQueue:
 
     async def terminate(self: ControlPlane, instance_id: str, reason: str = "terminated") -> None:
         """Mark the instance terminated (durably: later links are refused with 4410) and close its link."""
-        await self._write(Store.terminate, instance_id)
+        await self.engine.terminate(instance_id)
         await self.close_link(instance_id, CLOSE_TERMINATED, reason)
 
     async def close_link(self: ControlPlane, instance_id: str, code: int, reason: str = "") -> bool:

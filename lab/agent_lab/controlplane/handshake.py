@@ -23,13 +23,13 @@ from agent_lab.controlplane.link import (
     CLOSE_PROTOCOL,
     CLOSE_SUPERSEDED,
     CLOSE_TERMINATED,
+    CLOSE_TRY_LATER,
     CLOSE_UNAUTHORIZED,
     Link,
     close_of,
     sendable_close_code,
     token_allows,
 )
-from agent_lab.controlplane.store import Store
 from agent_lab.controlplane.store_rows import now_iso
 from driver import logs
 from driver.protocol.frames import (
@@ -90,7 +90,15 @@ class LinkHandling:
                 await self._close(ws, code, reason)
                 return
             assert instance_id is not None
-            link = await self._handshake(ws, instance_id, connection_id, record)
+            if self.handshakes >= self.max_handshakes:
+                self.refused_busy += 1
+                await self._close(ws, CLOSE_TRY_LATER, "too many handshakes in flight; try later")
+                return
+            self.handshakes += 1
+            try:
+                link = await self._handshake(ws, instance_id, connection_id, record)
+            finally:
+                self.handshakes -= 1
             if link is None:
                 return
             keepalive = asyncio.ensure_future(self._keepalive(link))
@@ -143,7 +151,7 @@ class LinkHandling:
         if hello.driver_instance_id != instance_id:
             await self._close(ws, CLOSE_PROTOCOL, "hello.driver_instance_id differs from the header")
             return None
-        verdict = await self._write(Store.observe_epoch, instance_id, hello.epoch)
+        verdict = await self.engine.claim(instance_id, hello.epoch)
         if verdict.terminated:
             await self._close(ws, CLOSE_TERMINATED, "instance terminated")
             return None
@@ -152,6 +160,7 @@ class LinkHandling:
             await self._close(ws, CLOSE_SUPERSEDED, f"epoch {hello.epoch} is older than {verdict.highest}")
             return None
         link = Link(ws, instance_id, hello, connection_id)
+        link.generation = verdict.generation
         self._links[instance_id] = link
         if old is not None:
             # The newest link owns the instance; the older one is told so and closed. In the background:

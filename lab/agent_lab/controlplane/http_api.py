@@ -90,7 +90,10 @@ async def start_http_api(cp: ControlPlane, port: int) -> HttpListener:
         host = cp.console_config.host
     # Loopback unless a console token guards every request: this API can steer any instance.
     api = HttpApi(cp, console)
-    server = await asyncio.start_server(api.serve_connection, host, port, limit=MAX_HEAD)
+    # Gateways sharing a port (SO_REUSEPORT) share the HTTP port too: any of them answers from the store.
+    server = await asyncio.start_server(
+        api.serve_connection, host, port, limit=MAX_HEAD, reuse_port=cp.reuse_port or None
+    )
     listener = HttpListener(server, console)
     api.port = listener.port
     if console is not None:

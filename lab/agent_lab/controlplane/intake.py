@@ -12,9 +12,8 @@ import msgspec
 from websockets.exceptions import ConnectionClosed
 
 from agent_lab.controlplane.faults import FAULT_REJECT_CODE
-from agent_lab.controlplane.link import CLOSE_PROTOCOL, CLOSE_TOO_BIG, Link
-from agent_lab.controlplane.store import Store
-from agent_lab.controlplane.store_rows import BatchResult, StoredRejection, now_iso
+from agent_lab.controlplane.link import CLOSE_PROTOCOL, CLOSE_SUPERSEDED, CLOSE_TOO_BIG, Link
+from agent_lab.controlplane.store_rows import BatchResult, StoredRejection, Superseded, now_iso
 from agent_lab.controlplane.validation import InvalidEvent, ValidEvent, check_event
 from driver import logs
 from driver.protocol.frames import (
@@ -135,7 +134,7 @@ class EventIntake:
                 )
             else:
                 valid.append(checked)
-        return self._writer_or_fail().submit(Store.insert_events, link.instance_id, valid, rejections)
+        return self.engine.insert_events(link.instance_id, link.generation, valid, rejections)
 
     async def _receipt_for(self: ControlPlane, link: Link, batch: int, stored: asyncio.Future[BatchResult]) -> bytes:
         """Wait for the batch's COMMIT, announce its new events, and build its receipt."""
@@ -163,6 +162,10 @@ class EventIntake:
                 await self._send_receipt(link, receipt)
             except ConnectionClosed:
                 pass  # unanswered: the driver resends, and the duplicates are accepted again
+            except Superseded:
+                # A newer link claimed the instance (here or on another gateway): nothing of this batch
+                # was stored and none will be; the newer link gets the resend.
+                await self._close(link.ws, CLOSE_SUPERSEDED, "superseded by a newer connection")
             except Exception:
                 log.exception("batch.store_failed", instance_id=link.instance_id, batch=batch)
                 await self._close(link.ws, 1011, "store failure")
@@ -192,8 +195,8 @@ class EventIntake:
 
     async def _record_update(self: ControlPlane, link: Link, frame: CommandUpdate) -> None:
         error = None if frame.error is None else msgspec.to_builtins(frame.error)
-        changed = await self._write(
-            Store.record_update, link.instance_id, frame.command_id, frame.status, frame.result, error
+        changed = await self.engine.record_update(
+            link.instance_id, frame.command_id, frame.status, frame.result, error
         )
         if not changed:
             log.info("command.update.kept", command_id=frame.command_id, status=frame.status)

@@ -25,6 +25,7 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_HEARTBEAT = 4408
 CLOSE_SUPERSEDED = 4409
 CLOSE_TERMINATED = 4410
+CLOSE_TRY_LATER = 1013  # too many handshakes in flight: the driver backs off and redials
 ABORT = 1006  # not a sendable close code: "close" with it means dropping the TCP connection
 
 # A token maps to the instance ids it may drive; None means any instance.
@@ -41,6 +42,7 @@ class Link:
         self.hello = hello
         self.connection_id = connection_id
         self.ready = False  # welcome sent: commands may flow
+        self.generation = 0  # the link generation its claim took: its batches are stored only while it holds
         self.sent_commands: set[str] = set()
         self.held_receipt: bytes | None = None
         # Batches whose store write is under way, in arrival order: receipts go out in this order.

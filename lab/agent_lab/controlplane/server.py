@@ -1,4 +1,6 @@
-"""The reference control plane: a real WebSocket server for PROTOCOL §2-§4 over a SQLite store.
+"""The reference control plane: a real WebSocket server for PROTOCOL §2-§4 over a durable store: a
+SQLite file (embedded, one process) or a `postgresql://` database shared by N gateway processes
+(`engine`, `pg_store`; docs/controlplane.md).
 
 Used in-process by the integration and fault tests and embedded by `agent-driver dev`, and run on its
 own by `agent-driver controlplane`. One `Link` per accepted connection; at most one per instance
@@ -15,22 +17,22 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ssl
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 from websockets.asyncio.server import Server, serve
 
 from agent_lab.controlplane.command_queue import CommandQueue
+from agent_lab.controlplane.engine import Engine, Notice, Reads, is_postgres, open_engine
 from agent_lab.controlplane.faults import Faults
 from agent_lab.controlplane.handshake import LinkHandling
 from agent_lab.controlplane.intake import EventIntake
-from agent_lab.controlplane.link import Link, TokenConfig, token_allows
+from agent_lab.controlplane.link import CLOSE_SUPERSEDED, CLOSE_TERMINATED, Link, TokenConfig, token_allows
 from agent_lab.controlplane.live import Broker, Item, Subscription
-from agent_lab.controlplane.store import Store
-from agent_lab.controlplane.writer import GroupWriter
 from driver import logs
 from driver.protocol.frames import (
     MAX_FRAME_BYTES,
@@ -40,6 +42,7 @@ from driver.protocol.frames import (
 
 if TYPE_CHECKING:
     from agent_lab.controlplane.console.config import ConsoleConfig
+    from agent_lab.controlplane.console.queries import ConsoleQueries
     from agent_lab.controlplane.http_api import HttpListener
 
 log = logs.get("agent_driver.controlplane")
@@ -54,6 +57,10 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         self,
         db_path: str | Path,
         *,
+        gateway_id: str = "gw-1",
+        reuse_port: bool = False,
+        gateway_port: int | None = None,
+        max_handshakes: int = 512,
         tokens: TokenConfig,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -69,7 +76,20 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         console: ConsoleConfig | None = None,
         operator_token: str | None = None,
     ) -> None:
-        self.db_path = Path(db_path)
+        # The store: a SQLite file, or a `postgresql://` URL that several gateways share.
+        self.store_url = str(db_path)
+        # (With PostgreSQL, db_path only names where the console keeps uploads: beside no file.)
+        self.db_path = Path(db_path) if not is_postgres(db_path) else Path(tempfile.gettempdir()) / f"cp-{gateway_id}"
+        self.gateway_id = gateway_id
+        # Gateways over one database may share one port (SO_REUSEPORT: the kernel spreads connections and
+        # a dead gateway's share moves to the living); `gateway_port` is a second port of this one only.
+        self.reuse_port = reuse_port
+        self.gateway_port = gateway_port
+        # Handshakes in flight (accepted, not yet welcomed) beyond this are closed with 1013 at once: in a
+        # restart storm the driver backs off instead of every claim queueing behind the store.
+        self.max_handshakes = max_handshakes
+        self.handshakes = 0
+        self.refused_busy = 0
         # The fault API's credential besides the console token (PROTOCOL §9): never a driver's token.
         self._operator_token = operator_token
         self.host = host
@@ -98,10 +118,11 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         # One broker for the object's life: subscriptions and waits carry over a restart().
         self._live = Broker()
         self._server: Server | None = None
+        self._servers: list[Server] = []
         self._http: HttpListener | None = None
         self.stopping = False  # set while stop() runs: ends the HTTP API's long polls (events?wait_ms=)
-        self._writer: GroupWriter | None = None
-        self._reader: Store | None = None
+        self._engine: Engine | None = None
+        self._reader: Reads | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -121,14 +142,28 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         from agent_lab.controlplane.http_api import start_http_api
 
         self.stopping = False
-        self._writer = GroupWriter(self.db_path)
-        await self._writer.start()
+        engine = open_engine(self.store_url, self.gateway_id)
+        engine.notices = self._on_notice
+        await engine.start()
+        self._engine = engine
         if self._reader is None:
-            self._reader = Store(self.db_path, create=False)
-        self._server = await serve(
+            self._reader = engine.open_reads()
+        self._server = await self._listen(self.port, self.reuse_port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._servers = [self._server]
+        if self.gateway_port is not None:
+            self._servers.append(await self._listen(self.gateway_port, False))
+            self.gateway_port = self._servers[-1].sockets[0].getsockname()[1]
+        if self.http_port is not None:
+            self._http = await start_http_api(self, self.http_port)
+            self.http_port = self._http.port
+        log.info("controlplane.started", url=self.url, http_url=self.http_url, store=self._engine.name)
+
+    async def _listen(self, port: int, reuse_port: bool) -> Server:
+        return await serve(
             self._handle,
             self.host,
-            self.port,
+            port,
             subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
             process_request=self._process_request,
             max_size=MAX_FRAME_BYTES,
@@ -138,12 +173,8 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
             compression=None,
             close_timeout=self.close_timeout_s,
             ssl=self.ssl_context,
+            reuse_port=reuse_port or None,
         )
-        self.port = self._server.sockets[0].getsockname()[1]
-        if self.http_port is not None:
-            self._http = await start_http_api(self, self.http_port)
-            self.http_port = self._http.port
-        log.info("controlplane.started", url=self.url, http_url=self.http_url, db=str(self.db_path))
 
     async def stop(self, close_code: int = 1001) -> None:
         """Close every link with `close_code` (1001 going away, 1012 restart), then stop listening."""
@@ -152,18 +183,19 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
         await asyncio.gather(
             *(self._close(link.ws, close_code, "control plane stopping") for link in list(self._links.values()))
         )
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        self._servers = []
+        self._server = None
         if self._http is not None:
             self._http.close()
             await self._http.wait_closed()
             self._http = None
         self._live.changed()
-        if self._writer is not None:
-            await self._writer.close()
-            self._writer = None
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -190,12 +222,27 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
 
     # -- queries (for tests and the HTTP API) ---------------------------------------------------
 
+    def console_queries(self) -> ConsoleQueries:
+        """The console's read connection for this control plane's engine."""
+        from agent_lab.controlplane.console.queries import ConsoleQueries
+
+        if not is_postgres(self.store_url):
+            return ConsoleQueries(self.db_path)
+        from agent_lab.controlplane.pg_reads import PgConsoleQueries
+
+        return cast("ConsoleQueries", PgConsoleQueries(self.store_url))  # the same methods, duck-typed
+
     @property
-    def store(self) -> Store:
+    def gateway_url(self) -> str | None:
+        """This gateway's own driver URL (`gateway_port`), None without one."""
+        return None if self.gateway_port is None else self.url.replace(f":{self.port}/", f":{self.gateway_port}/", 1)
+
+    @property
+    def store(self) -> Reads:
         """A read connection on the event loop thread (sees every committed write); it stays usable
         after `stop()`, so a test can inspect the history once the control plane is gone."""
         if self._reader is None:
-            self._reader = Store(self.db_path, create=False)
+            self._reader = open_engine(self.store_url, self.gateway_id).open_reads()
         return self._reader
 
     def events(
@@ -337,16 +384,32 @@ class ControlPlane(LinkHandling, EventIntake, CommandQueue):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _writer_or_fail(self) -> GroupWriter:
-        if self._writer is None:
+    @property
+    def engine(self) -> Engine:
+        """The store's writes (each returns after its COMMIT)."""
+        if self._engine is None:
             raise RuntimeError("control plane is not running")
-        return self._writer
+        return self._engine
 
-    async def _write(self, fn: Callable[..., R], *args: Any) -> R:
-        """Run a Store write in the store thread; returns after the COMMIT (and its fsync)."""
-        if self._writer is None:
-            raise RuntimeError("control plane is not running")
-        return await self._writer.submit(fn, *args)
+    def _on_notice(self, notice: Notice) -> None:
+        """What another gateway (or this one) committed that concerns a link held here."""
+        kind, instance_id, value = notice
+        link = self._links.get(instance_id)
+        if link is None:
+            return
+        if kind == "takeover" and link.generation < int(value):
+            # Another link claimed the instance: this one stores nothing more (its generation is fenced).
+            self._spawn(self._close(link.ws, CLOSE_SUPERSEDED, "superseded by a newer connection"))
+        elif kind == "terminated":
+            self._spawn(self._close(link.ws, CLOSE_TERMINATED, "terminated"))
+        elif kind == "command" and link.ready and value not in link.sent_commands:
+            self._spawn(self._send_stored_command(link, str(value)))
+
+    async def _send_stored_command(self, link: Link, command_id: str) -> None:
+        cmd = self.store.command(command_id)
+        if cmd is not None:
+            self._live.publish(link.instance_id, {"type": "command", "command_id": command_id, "kind": cmd["kind"]})
+            await self._send_command(link, cmd)
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

@@ -25,6 +25,7 @@ from agent_lab.controlplane.store_rows import (
     CommandExists,
     EpochVerdict,
     StoredRejection,
+    Superseded,
     command_row,
     event_row,
     loads_or_none,
@@ -34,7 +35,7 @@ from agent_lab.controlplane.validation import ValidEvent
 from driver.protocol.frames import TERMINAL_STATUSES
 
 # The records moved to store_rows; importers keep taking them from here.
-__all__ = ["BatchResult", "CommandExists", "EpochVerdict", "Store", "StoredRejection", "now_iso"]
+__all__ = ["BatchResult", "CommandExists", "EpochVerdict", "Store", "StoredRejection", "Superseded", "now_iso"]
 
 
 class Store:
@@ -49,6 +50,9 @@ class Store:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.executescript(SCHEMA)
             self._db.executescript(checkpoints.SCHEMA)
+            columns = {r["name"] for r in self._db.execute("PRAGMA table_info(instances)")}
+            if "link_generation" not in columns:  # a database from before the link generation
+                self._db.execute("ALTER TABLE instances ADD COLUMN link_generation INTEGER NOT NULL DEFAULT 0")
         # FULL: the WAL is fsync'd at every commit, so "committed" means "survives power loss".
         self._db.execute("PRAGMA synchronous = FULL")
 
@@ -58,23 +62,28 @@ class Store:
     # -- writes ---------------------------------------------------------------------------------
 
     def observe_epoch(self, instance_id: str, epoch: int) -> EpochVerdict:
-        """Record `epoch` for the instance unless a higher one was already seen (then refuse it)."""
+        """Claim the instance for a link at `epoch` unless a higher one was already seen (then refuse
+        it); an allowed claim takes the next link generation, which fences the older link's batches."""
         with self._tx():
             row = self._db.execute(
-                "SELECT highest_epoch, terminated_at FROM instances WHERE instance_id = ?", (instance_id,)
+                "SELECT highest_epoch, terminated_at, link_generation FROM instances WHERE instance_id = ?",
+                (instance_id,),
             ).fetchone()
             highest = 0 if row is None else int(row["highest_epoch"])
             if row is not None and row["terminated_at"] is not None:
                 return EpochVerdict(False, highest, terminated=True)
             if epoch < highest:
                 return EpochVerdict(False, highest)
+            generation = 1 if row is None else int(row["link_generation"]) + 1
             self._db.execute(
-                "INSERT INTO instances (instance_id, highest_epoch, updated_at) VALUES (?, ?, ?) "
+                "INSERT INTO instances (instance_id, highest_epoch, updated_at, link_generation) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (instance_id) DO UPDATE SET highest_epoch = excluded.highest_epoch, "
-                "updated_at = excluded.updated_at",
-                (instance_id, epoch, now_iso()),
+                "updated_at = excluded.updated_at, link_generation = excluded.link_generation",
+                (instance_id, epoch, now_iso(), generation),
             )
-            return EpochVerdict(True, epoch)
+            return EpochVerdict(True, epoch, generation=generation)
+
+    claim = observe_epoch
 
     def terminate(self, instance_id: str) -> None:
         """Mark the instance terminated: every later link is refused with 4410."""
@@ -88,15 +97,26 @@ class Store:
             )
 
     def insert_events(
-        self, instance_id: str, events: Sequence[ValidEvent], rejected: Iterable[StoredRejection] = ()
+        self,
+        instance_id: str,
+        events: Sequence[ValidEvent],
+        rejected: Iterable[StoredRejection] = (),
+        generation: int | None = None,
     ) -> BatchResult:
-        """Store a batch in one transaction; a duplicate of a stored event is accepted again.
+        """Store a batch in one transaction; a duplicate of a stored event is accepted again. With a
+        `generation`, the batch is stored only while that link generation holds (else `Superseded`).
 
         Duplicates are rare (a resend after a lost receipt), so the batch's ids are looked up once and
         the new events inserted with one executemany, rather than one statement per event."""
         result = BatchResult(accepted=[], rejected=list(rejected), stored=[])
         stamp = now_iso()
         with self._tx():
+            if generation is not None:
+                row = self._db.execute(
+                    "SELECT link_generation FROM instances WHERE instance_id = ?", (instance_id,)
+                ).fetchone()
+                if row is None or int(row[0]) != generation:
+                    raise Superseded(f"link generation {generation} of {instance_id} no longer holds")
             known: dict[str, str] = {}
             ids = [ev.event_id for ev in events]
             for i in range(0, len(ids), 500):
@@ -262,6 +282,10 @@ class Store:
         )
 
     # -- reads ----------------------------------------------------------------------------------
+
+    def link_generation(self, instance_id: str) -> int:
+        row = self._db.execute("SELECT link_generation FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def highest_epoch(self, instance_id: str) -> int:
         row = self._db.execute("SELECT highest_epoch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()

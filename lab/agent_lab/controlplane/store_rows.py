@@ -1,10 +1,10 @@
-"""The store's tables and records: the SQLite schema, the records its writes return (a batch's result,
-an epoch verdict), and rows decoded into the dicts its reads return. No connection here: that is `store`."""
+"""The store's tables and records: the SQLite schema (PostgreSQL's is in `pg_schema`), the records its
+writes return (a batch's result, an epoch verdict), and rows decoded into the dicts its reads return.
+No connection here: that is `store`."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,10 +16,11 @@ PENDING = "pending"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances (
-    instance_id   TEXT PRIMARY KEY,
-    highest_epoch INTEGER NOT NULL,
-    terminated_at TEXT,
-    updated_at    TEXT NOT NULL
+    instance_id     TEXT PRIMARY KEY,
+    highest_epoch   INTEGER NOT NULL,
+    terminated_at   TEXT,
+    updated_at      TEXT NOT NULL,
+    link_generation INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     id          INTEGER PRIMARY KEY,
@@ -108,9 +109,17 @@ class BatchResult(msgspec.Struct, kw_only=True):
 
 
 class EpochVerdict(msgspec.Struct, frozen=True):
+    """A claim's answer: allowed or not, the highest epoch seen, and (when allowed) the link generation
+    the claim took: the instance's batches are stored only while that generation holds."""
+
     allowed: bool
     highest: int
     terminated: bool = False
+    generation: int = 0
+
+
+class Superseded(RuntimeError):
+    """A batch whose link generation no longer holds: a newer link claimed the instance (close 4409)."""
 
 
 class CommandExists(ValueError):
@@ -121,7 +130,7 @@ def loads_or_none(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def event_row(row: sqlite3.Row) -> dict[str, Any]:
+def event_row(row: Any) -> dict[str, Any]:
     return {
         "instance_id": row["instance_id"],
         "event_id": row["event_id"],
@@ -137,7 +146,7 @@ def event_row(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def command_row(row: sqlite3.Row) -> dict[str, Any]:
+def command_row(row: Any) -> dict[str, Any]:
     return {
         "instance_id": row["instance_id"],
         "seq": row["seq"],

@@ -32,7 +32,6 @@ from urllib.parse import parse_qs, quote
 from agent_lab.controlplane.console import files, guard, vendor
 from agent_lab.controlplane.console.auth import cookie, cookie_name, has_bearer_token, session_cookie, token_matches
 from agent_lab.controlplane.console.httpio import HttpError, Request, respond, respond_json
-from agent_lab.controlplane.console.queries import ConsoleQueries
 from agent_lab.controlplane.console.sessions import LoginCodes, Sessions
 from agent_lab.controlplane.console.stream import InstanceStream
 from agent_lab.controlplane.console.views import InstanceViews
@@ -59,7 +58,7 @@ class Console:
     def __init__(self, cp: ControlPlane, config: ConsoleConfig) -> None:
         self.cp = cp
         self.config = config
-        self.queries = ConsoleQueries(cp.db_path)
+        self.queries = cp.console_queries()
         self.views = InstanceViews(cp, self.queries)
         self.uploads = config.uploads_dir or cp.db_path.with_name(cp.db_path.name + ".uploads")
         self._streams: set[InstanceStream] = set()
