@@ -1,4 +1,5 @@
-"""The driver's idle RSS per runtime (issue 35): the driver process alone, its provider started, no run.
+"""The driver's idle RSS per runtime (issue 35): the driver process alone, its provider started, no run;
+and the provider's start as the driver reports it (`driver.started`'s `timings.provider_start_ms`).
 
 For each runtime the real `agent-driver run` process starts against the reference control plane and
 the offline fake model endpoints (the evidence rig), reports `driver.started` (its provider is up),
@@ -39,7 +40,8 @@ def _python_rss(code: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-async def measure(runtime: str, fakes: Fakes) -> float:
+async def measure(runtime: str, fakes: Fakes) -> tuple[float, float]:
+    """(idle RSS MB, provider start ms)."""
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         async with rig(Path(tmp), fakes) as r:
             if runtime == "acp:claude-agent-acp":
@@ -56,33 +58,34 @@ async def measure(runtime: str, fakes: Fakes) -> float:
                 driver = r.start("acp", box, policy="supervised", acp_command=command, acp_env=env)
             else:
                 driver = _driven.start(r, runtime)
-            await r.started(_driven.INSTANCE)
+            started = await r.started(_driven.INSTANCE)
+            start_ms = float(started["payload"]["timings"]["provider_start_ms"] or "nan")
             await anyio.sleep(SETTLE_S)  # idling is what is measured: nothing to wait for but time
-            return rss_mb(driver.pid)
+            return rss_mb(driver.pid), start_ms
 
 
 async def main(only: list[str]) -> None:
     logs.configure("warning")
     base = _python_rss(BASE_IMPORTS)
     sdk = _python_rss(f"{BASE_IMPORTS}\nimport claude_agent_sdk") - base
-    measured: list[tuple[str, float]] = []
+    measured: list[tuple[str, float, float]] = []
     with ExitStack() as stack:
         fakes = Fakes(stack)
         for runtime in RUNTIMES:
             if only and runtime not in only:
                 continue
             print(f"measuring {runtime} ...", flush=True)
-            measured.append((runtime, await measure(runtime, fakes)))
+            measured.append((runtime, *await measure(runtime, fakes)))
     table(
         "idle RSS of the driver process (provider started, no run; the provider's processes not counted)",
-        ["runtime", "driver RSS MB"],
+        ["runtime", "driver RSS MB", "provider start ms"],
         [
-            *([name, mb] for name, mb in measured),
-            ["baseline: python + " + BASE_IMPORTS.removeprefix("import "), base],
-            ["the Claude Agent SDK's import alone (added to the baseline)", sdk],
+            *([name, mb, start] for name, mb, start in measured),
+            ["baseline: python + " + BASE_IMPORTS.removeprefix("import "), base, "-"],
+            ["the Claude Agent SDK's import alone (added to the baseline)", sdk, "-"],
         ],
     )
-    for runtime, mb in measured:
+    for runtime, mb, _ in measured:
         goal(f"idle RSS ≤ {GOAL_MB:.0f} MB ({runtime})", mb <= GOAL_MB, f"{mb:.1f} MB")
 
 
