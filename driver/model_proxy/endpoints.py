@@ -118,7 +118,7 @@ def _field(top: dict[str, msgspec.Raw], name: str, kind: Any) -> Any:
         return None
     try:
         return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
 
 
@@ -136,6 +136,8 @@ def inspect(dialect: Dialect, body: bytes) -> Ask:
         top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
     except msgspec.DecodeError:
         raise BadRequest("the body of a model request must be a JSON object") from None
+    except RecursionError:  # nested ~1000 levels deep
+        raise BadRequest("the body of a model request is nested too deep") from None
     model = _field(top, "model", str) or ""
     if dialect == "anthropic":
         limit = _count(top, "max_tokens")

@@ -111,7 +111,7 @@ class McpHostServer:
             return 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
         try:
             message = msgspec.json.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested ~1000 levels deep
             return 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "parse error"}}
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return 202, None  # a response or a batch of them: nothing to answer
