@@ -71,7 +71,10 @@ def normalise(target: str) -> Target | None:
     lowered = raw_path.lower()
     if "%2f" in lowered or "%5c" in lowered:
         return None
-    path = unquote(raw_path, errors="strict") if "%" in raw_path else raw_path
+    try:
+        path = unquote(raw_path, errors="strict") if "%" in raw_path else raw_path
+    except UnicodeDecodeError:
+        return None  # `%ff`: an escape that is not UTF-8 names no listed endpoint
     if any(c in path for c in "\\%?#") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
         return None
     segments: list[str] = []

@@ -316,6 +316,13 @@ c = http.client.HTTPConnection(base.hostname, base.port, timeout=60)
 c.request("POST", base.path + "/v1/messages", objects(30 * 1024 * 1024),
           {"x-api-key": os.environ["ANTHROPIC_API_KEY"], "content-type": "application/json"})
 r = c.getresponse(); r.read(); out["proxy"] = r.status
+# A path escape that is not UTF-8: answered 404 like any unlisted path, not dropped unanswered.
+c = http.client.HTTPConnection(base.hostname, base.port, timeout=60)
+try:
+    c.request("POST", base.path + "/v1/mess%ffages", b"{}", {"x-api-key": os.environ["ANTHROPIC_API_KEY"]})
+    r = c.getresponse(); r.read(); out["escape"] = r.status
+except ConnectionError as exc:
+    out["escape"] = type(exc).__name__
 body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":' + objects(15 * 1024 * 1024) + b"}}"
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
 c.request("POST", "/mcp", body, {"authorization": "Bearer " + os.environ["AGENT_DRIVER_HOST_MCP_TOKEN"],
@@ -354,6 +361,7 @@ async def test_a_keyed_body_of_tiny_objects_does_not_grow_the_driver(tmp_path: P
             start = outputs.index("RESULTS=") + len("RESULTS=")
             results = json.loads(json.loads('"' + outputs[start : outputs.index("]}", start) + 2] + '"'))
             assert results["proxy"] == 400, results  # not a JSON object: refused, never forwarded
+            assert results["escape"] == 404, results
             assert results["mcp"][0] in (200, 400), results
             assert '"result"' not in results["mcp"][1], results  # refused, not answered as a ping
             grown = vm(driver.pid, "VmHWM") - base_peak

@@ -198,7 +198,7 @@ def test_targets_are_normalised_before_matching(target: str, route: str, path: s
 
 
 @pytest.mark.parametrize(
-    "target", ["http://evil/v1/messages", "/anthropic/v1%2fmessages", "/..", "/a/%00", "/a\\b", "*", "/"]
+    "target", ["http://evil/v1/messages", "/anthropic/v1%2fmessages", "/..", "/a/%00", "/a\\b", "*", "/", "/a/%ff"]
 )
 def test_odd_targets_are_refused(target: str) -> None:
     assert endpoints.normalise(target) is None
