@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,23 @@ Handler = Callable[["Exchange"], Awaitable[None]]
 Decide = Callable[[Head], "Reply | Handler"]
 # The app's error body for a refusal of the core's own (400, 408, 413, 503): (status, message, head) -> JSON.
 ErrorBody = Callable[[int, str, Head | None], bytes]
+
+
+# A JSON string (escapes included): what `json_values` leaves out of its count.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_values(raw: bytes, enough: int) -> int:
+    """An upper bound on how many values (objects, arrays, elements, members) `raw` decodes into,
+    exact enough to compare with `enough`: its commas and openings, outside strings once the quick
+    count (strings included) exceeds `enough`. A body is the agent's: 16 MiB of `{}`s decoded whole is
+    ~400 MiB of Python objects, so a listener that decodes a body whole bounds this first."""
+
+    def count(data: bytes) -> int:
+        return data.count(b",") + data.count(b"{") + data.count(b"[")
+
+    quick = count(raw)
+    return quick if quick <= enough else count(_JSON_STRING.sub(b"", raw))
 
 
 def _plain_error(status: int, message: str, head: Head | None) -> bytes:

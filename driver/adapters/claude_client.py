@@ -186,6 +186,9 @@ class ClaudeClient:
         except msgspec.DecodeError:
             await self._on_problem("a line that is not JSON")
             return
+        except RecursionError:  # nested ~1000 levels deep (a tool input is the model's to shape)
+            await self._on_problem("a line nested too deep to decode")
+            return
         if not isinstance(data, dict):
             await self._on_problem("a JSON value that is not an object")
             return

@@ -14,9 +14,11 @@ usage (`stream_options.include_usage`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
+
+import msgspec
 
 from driver.model_proxy.usage import Dialect
 
@@ -69,7 +71,10 @@ def normalise(target: str) -> Target | None:
     lowered = raw_path.lower()
     if "%2f" in lowered or "%5c" in lowered:
         return None
-    path = unquote(raw_path, errors="strict") if "%" in raw_path else raw_path
+    try:
+        path = unquote(raw_path, errors="strict") if "%" in raw_path else raw_path
+    except UnicodeDecodeError:
+        return None  # `%ff`: an escape that is not UTF-8 names no listed endpoint
     if any(c in path for c in "\\%?#") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
         return None
     segments: list[str] = []
@@ -108,37 +113,53 @@ class BadRequest(ValueError):
     """The body of a model request is not what its endpoint takes (the message says why)."""
 
 
-def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+def _field(top: dict[str, msgspec.Raw], name: str, kind: Any) -> Any:
+    """One top-level field as `kind`, or None when absent or of another type. Decoded on its own,
+    typed: a wrong type fails at its first byte, so a huge value of the wrong shape costs nothing."""
+    raw = top.get(name)
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _count(top: dict[str, msgspec.Raw], name: str) -> int | None:
+    value = _field(top, name, int)
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def inspect(dialect: Dialect, body: bytes) -> Ask:
+    """The fields the proxy meters, read without building the body's objects: a request body is the
+    agent's, and 30 MiB of `{}`s parsed whole would be ~700 MiB of Python objects in the driver (and
+    seconds of its event loop). The top level is decoded into raw slices (validated, not
+    materialised); only `model`, the output limits, `n` and `stream` are decoded, each as its type."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except msgspec.DecodeError:
         raise BadRequest("the body of a model request must be a JSON object") from None
-    if not isinstance(obj, dict):
-        raise BadRequest("the body of a model request must be a JSON object")
-    model = obj.get("model") if isinstance(obj.get("model"), str) else ""
+    except RecursionError:  # nested ~1000 levels deep
+        raise BadRequest("the body of a model request is nested too deep") from None
+    model = _field(top, "model", str) or ""
     if dialect == "anthropic":
-        limit = _count(obj.get("max_tokens"))
+        limit = _count(top, "max_tokens")
     elif dialect == "responses":
-        limit = _count(obj.get("max_output_tokens"))
+        limit = _count(top, "max_output_tokens")
     else:
-        limit = _count(obj.get("max_completion_tokens"))
+        limit = _count(top, "max_completion_tokens")
         if limit is None:
-            limit = _count(obj.get("max_tokens"))
+            limit = _count(top, "max_tokens")
     output = DEFAULT_MAX_OUTPUT if limit is None else limit
     if dialect == "chat":
-        choices = _count(obj.get("n")) or 1
+        choices = _count(top, "n") or 1
         if choices > MAX_CHOICES:
             raise BadRequest(f"n above {MAX_CHOICES} is not forwarded by this proxy")
         output *= choices
-        if obj.get("stream") is True:
+        if _field(top, "stream", bool) is True:
             # A stream reports its usage only when asked: ask, whatever the client said.
-            options = obj.get("stream_options")
-            obj["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-            body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+            options = _field(top, "stream_options", dict[str, msgspec.Raw]) or {}
+            options["include_usage"] = msgspec.Raw(b"true")
+            top["stream_options"] = msgspec.Raw(msgspec.json.encode(options))
+            body = msgspec.json.encode(top)
     return Ask(str(model), output, len(body) // 4 + 1, body)

@@ -26,7 +26,7 @@ import msgspec
 
 from driver import logs
 from driver.interfaces import HostToolPort
-from driver.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply
+from driver.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply, json_values
 from driver.protocol.boot import HostTool
 
 log = logs.get(__name__)
@@ -39,6 +39,9 @@ LIMITS = Limits(
     max_connections=32, max_per_client=32, max_body_bytes=16 * 1024 * 1024, max_buffered_bytes=32 * 1024 * 1024
 )
 _JSON = [(b"content-type", b"application/json")]
+# Values one JSON-RPC message may decode into: a tool's arguments are a small object; a body of
+# 16 MiB of `{}`s (5.6 M objects, ~400 MiB once decoded) is refused before it is decoded.
+MAX_VALUES = 100_000
 
 
 def _json(status: int, payload: Any) -> Reply:
@@ -103,9 +106,12 @@ class McpHostServer:
     # -- MCP ------------------------------------------------------------------------------------
 
     async def _handle(self, body: bytes) -> tuple[int, Any]:
+        if json_values(body, MAX_VALUES) > MAX_VALUES:
+            message = f"request too large: more than {MAX_VALUES} JSON values"
+            return 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
         try:
             message = msgspec.json.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested ~1000 levels deep
             return 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "parse error"}}
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return 202, None  # a response or a batch of them: nothing to answer

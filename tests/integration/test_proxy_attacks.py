@@ -300,3 +300,72 @@ async def test_keyless_floods_and_idle_sockets_leave_the_driver_bounded(tmp_path
             assert driver.proc.poll() is None
     finally:
         end_tree(driver)
+
+
+# -- a keyed body built to cost the driver memory when parsed ---------------------------------------------
+
+AMPLIFY = r"""
+import http.client, json, os, sys, urllib.parse
+# 3 bytes of JSON per empty object: parsed into Python objects, ~70 bytes each (23x the body).
+def objects(size):
+    n = size // 3
+    return b"[" + b"{}," * (n - 1) + b"{}]"
+out = {}
+base = urllib.parse.urlsplit(os.environ["ANTHROPIC_BASE_URL"])
+c = http.client.HTTPConnection(base.hostname, base.port, timeout=60)
+c.request("POST", base.path + "/v1/messages", objects(30 * 1024 * 1024),
+          {"x-api-key": os.environ["ANTHROPIC_API_KEY"], "content-type": "application/json"})
+r = c.getresponse(); r.read(); out["proxy"] = r.status
+# A path escape that is not UTF-8: answered 404 like any unlisted path, not dropped unanswered.
+c = http.client.HTTPConnection(base.hostname, base.port, timeout=60)
+try:
+    c.request("POST", base.path + "/v1/mess%ffages", b"{}", {"x-api-key": os.environ["ANTHROPIC_API_KEY"]})
+    r = c.getresponse(); r.read(); out["escape"] = r.status
+except ConnectionError as exc:
+    out["escape"] = type(exc).__name__
+body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":' + objects(15 * 1024 * 1024) + b"}}"
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+c.request("POST", "/mcp", body, {"authorization": "Bearer " + os.environ["AGENT_DRIVER_HOST_MCP_TOKEN"],
+                                 "content-type": "application/json", "accept": "application/json"})
+r = c.getresponse(); out["mcp"] = [r.status, r.read()[:200].decode()]
+print("RESULTS=" + json.dumps(out))
+"""
+
+
+@pytest.mark.provider
+async def test_a_keyed_body_of_tiny_objects_does_not_grow_the_driver(tmp_path: Path, fakes: Fakes) -> None:
+    """The agent holds the placeholder and the host server's token, so the head is accepted; a 30 MiB
+    body of `{}`s parsed whole would put ~700 MiB of Python objects in the driver (and stall its loop).
+    The proxy reads only the fields it meters, the host server refuses a request of that shape."""
+    driver: DriverProcess | None = None
+    try:
+        async with control_plane(tmp_path) as cp:
+            payload = proxied_payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+            payload["execution"]["host_tools"] = [
+                {"name": "lookup", "description": "d", "input_schema": {"type": "object"}}
+            ]
+            (tmp_path / "cwd" / "amplify.py").write_text(AMPLIFY)
+            driver = DriverProcess(tmp_path, payload)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            provider = await wait_provider(driver, timeout=30)
+            proxy_port = int(placeholder_of(provider, "ANTHROPIC_BASE_URL").rsplit(":", 1)[1].split("/")[0])  # type: ignore[union-attr]
+            await cp.wait_until(lambda: (cp.last_heartbeat(INSTANCE) or {}).get("state") == "ready", timeout=60)
+            mcp_port = min(listening_ports(driver.pid) - {proxy_port})
+            base_peak = vm(driver.pid, "VmHWM")
+            cid, _ = await cp.send_command(
+                INSTANCE, "input.start", run_id="run-1", input={"text": f"[[shell:python3 amplify.py {mcp_port}]]"}
+            )
+            await cp.wait_for_command_status(cid, timeout=120)
+            outputs = json.dumps([e["payload"].get("output") for e in cp.events(INSTANCE, "tool.completed")])
+            assert "RESULTS=" in outputs, outputs[:2000]
+            start = outputs.index("RESULTS=") + len("RESULTS=")
+            results = json.loads(json.loads('"' + outputs[start : outputs.index("]}", start) + 2] + '"'))
+            assert results["proxy"] == 400, results  # not a JSON object: refused, never forwarded
+            assert results["escape"] == 404, results
+            assert results["mcp"][0] in (200, 400), results
+            assert '"result"' not in results["mcp"][1], results  # refused, not answered as a ping
+            grown = vm(driver.pid, "VmHWM") - base_peak
+            assert grown < 160 * 1024 * 1024, f"the driver grew by {grown / 2**20:.0f} MiB"
+            assert driver.proc.poll() is None
+    finally:
+        end_tree(driver)

@@ -198,7 +198,7 @@ def test_targets_are_normalised_before_matching(target: str, route: str, path: s
 
 
 @pytest.mark.parametrize(
-    "target", ["http://evil/v1/messages", "/anthropic/v1%2fmessages", "/..", "/a/%00", "/a\\b", "*", "/"]
+    "target", ["http://evil/v1/messages", "/anthropic/v1%2fmessages", "/..", "/a/%00", "/a\\b", "*", "/", "/a/%ff"]
 )
 def test_odd_targets_are_refused(target: str) -> None:
     assert endpoints.normalise(target) is None
@@ -228,6 +228,12 @@ def test_inspect_forces_usage_on_a_chat_stream_and_reads_the_worst_case() -> Non
     assert plain.body == b'{"model": "gpt-5", "input": "hi"}'
     with pytest.raises(endpoints.BadRequest):
         endpoints.inspect("anthropic", b"[1, 2]")
+    # Nested past the decoder's depth: a clear 400, not a RecursionError that drops the connection.
+    with pytest.raises(endpoints.BadRequest, match="nested too deep"):
+        endpoints.inspect("anthropic", b'{"x":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    # A field of the wrong type, however large, is read as absent (its first byte decides).
+    odd = endpoints.inspect("anthropic", b'{"model": [1, 2], "max_tokens": true, "messages": []}')
+    assert odd.model == "" and odd.max_output_tokens == endpoints.DEFAULT_MAX_OUTPUT
 
 
 # -- plan --------------------------------------------------------------------------------------------
