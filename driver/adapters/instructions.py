@@ -18,12 +18,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver import agent_files
+from driver import agent_files, logs
 from driver.protocol.boot import ExecutionConfig, SessionConfig, Skill
 
 SKILL_FILE = "SKILL.md"
+log = logs.get("driver.adapters.instructions")
+
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_DESCRIPTION = 1024
+_MAX_SKILL_HEAD = 64 * 1024  # the front matter is at the head; the rest of SKILL.md is the model's to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,15 @@ def installed_skills(cwd: Path, skills: Iterable[Skill]) -> list[SkillInfo]:
     found: list[SkillInfo] = []
     for skill in skills:
         folder = cwd / skill.mount_path
+        # The folder is the agent's (cwd, PROTOCOL §9): SKILL.md may have become a fifo (a plain open
+        # held the driver's event loop for good), a sparse giant or a link to the driver's own files.
         try:
-            text = (folder / SKILL_FILE).read_text(errors="replace")
-        except OSError:
+            head = agent_files.read_head(cwd, Path(skill.mount_path) / SKILL_FILE, max_bytes=_MAX_SKILL_HEAD)
+        except agent_files.AgentFileError as exc:
+            if os.path.lexists(folder / SKILL_FILE):
+                log.warning("skill.unreadable", skill=skill.name, error=str(exc))
             continue
+        text = head.decode("utf-8", errors="replace")
         meta = front_matter(text)
         name = meta.get("name") or skill.name
         description = meta.get("description", "")[:_MAX_DESCRIPTION]
