@@ -9,8 +9,12 @@ next provider start, then kills its provider, so the driver's restart path meets
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
+import threading
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,10 @@ async def run(cp: Any, run_id: str, text: str, timeout: float = 30) -> dict[str,
     cid, _ = await cp.send_command(INSTANCE, "input.start", run_id=run_id, input={"text": text})
     status: dict[str, Any] = await cp.wait_for_command_status(cid, timeout=timeout)
     return status
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def skill_entry(tmp: Path) -> dict[str, Any]:
@@ -63,4 +71,76 @@ async def test_skill_md_replaced_by_a_fifo_does_not_freeze_the_driver(tmp_path: 
         assert (tmp_path / "cwd" / ".skills" / "tide" / "SKILL.md").is_fifo()
         await wait_diagnostic(cp, "provider.restarted")
         assert (await run(cp, "run-2", "[[say:still here]]"))["status"] == "completed"
+        assert d.proc.poll() is None
+
+
+class _HeldDownload:
+    """An HTTP server on loopback whose one file is served only once `until()` holds (bounded): the
+    second attachment of a run, still downloading while the agent reshapes the first one (a large
+    attachment gives the agent the same window)."""
+
+    def __init__(self, body: bytes, until: Callable[[], bool]) -> None:
+        held = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                deadline = time.monotonic() + 20
+                while not until() and time.monotonic() < deadline:
+                    held.waits += 1
+                    time.sleep(0.01)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.waits = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/b.bin"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _HeldDownload:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_attachment_replaced_by_a_fifo_before_the_turn_does_not_freeze_the_driver(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    """A text attachment is read by the driver to hand it to the runtime natively. The agent's
+    background process (left by an earlier run) turns `inputs/a.txt` into a fifo as soon as the
+    driver has downloaded it, while the run's second attachment still downloads: a plain `stat` +
+    `read_bytes` then held the driver's event loop in `open()` for good."""
+    a_txt = tmp_path / "a.txt"
+    a_txt.write_bytes(b"first attachment")
+    b_body = b"second attachment"
+    fifo = tmp_path / "cwd" / "inputs" / "a.txt"
+    async with control_plane(tmp_path) as cp:
+        payload = boot_payload(tmp_path, cp.url)
+        d = Driver(tmp_path, payload, env=FAST)
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        watcher = (
+            "nohup sh -c 'i=0; while [ ! -f inputs/a.txt ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done;"
+            " rm -f inputs/a.txt; mkfifo inputs/a.txt' >/dev/null 2>&1 &"
+        )
+        assert (await run(cp, "run-1", f"[[own-shell:{watcher}]]"))["status"] == "completed"
+        with _HeldDownload(b_body, until=fifo.is_fifo) as held:
+            attachments = [
+                {"name": "a.txt", "url": a_txt.as_uri(), "sha256": sha(a_txt.read_bytes()), "size": 16},
+                {"name": "b.bin", "url": held.url, "sha256": sha(b_body), "size": len(b_body)},
+            ]
+            cid, _ = await cp.send_command(
+                INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:read]]", "attachments": attachments}
+            )
+            status = await cp.wait_for_command_status(cid, timeout=30)
+            assert fifo.is_fifo() and held.waits > 0  # the agent won its race, as a real one would
+        assert status["status"] == "completed"
+        assert (await run(cp, "run-3", "[[say:still here]]"))["status"] == "completed"
         assert d.proc.poll() is None
