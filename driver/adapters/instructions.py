@@ -101,7 +101,16 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
     relative = folder.relative_to(root) if root is not None else Path(folder.name)
     start = root if root is not None else folder.parent
     start.mkdir(parents=True, exist_ok=True)  # the trusted start of the walk (the runtime's config folder)
-    path_fd = agent_files.open_folder(start, relative, create=True)
+    try:
+        path_fd = agent_files.open_folder(start, relative, create=True)
+    except agent_files.AgentFileError:
+        # A file or a link the agent left where the folder should be: refusing it alone failed every
+        # later start of the runtime (on every later driver too). It is set aside (kept, renamed).
+        if not os.path.lexists(start / relative):
+            raise
+        aside = agent_files.set_aside(start / relative)
+        log.warning("skills.folder_set_aside", path=str(relative), set_aside_as=aside.name)
+        path_fd = agent_files.open_folder(start, relative, create=True)
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
     finally:

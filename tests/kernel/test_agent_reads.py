@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import os
+import signal
 import threading
 import time
 import zipfile
@@ -18,7 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.harness import INSTANCE, boot_payload, control_plane
+from tests.kernel import runtimes
+from tests.kernel.runtimes import Fakes
 from tests.kernel.support import Driver, wait_diagnostic, wait_provider
 
 FAST = {
@@ -144,3 +150,32 @@ async def test_attachment_replaced_by_a_fifo_before_the_turn_does_not_freeze_the
         assert status["status"] == "completed"
         assert (await run(cp, "run-3", "[[say:still here]]"))["status"] == "completed"
         assert d.proc.poll() is None
+
+
+@pytest.mark.provider
+async def test_claude_skills_folder_replaced_by_a_file_does_not_brick_the_provider(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes
+) -> None:
+    """With skills, the driver links them into the Claude CLI's `CLAUDE_CONFIG_DIR/skills` at every
+    CLI start. The CLI's own Bash tool (the agent) makes that folder a file and its CLI is killed: the
+    walk refused the file (no link followed) but nothing set it aside, so every later start of the
+    CLI failed, on this driver and on every later one on the same state_dir."""
+    skills = tmp_path / "state" / "providers" / "claude-agent-sdk" / "claude-config" / "skills"
+    async with control_plane(tmp_path) as cp:
+        payload = runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+        payload["execution"]["permission_policy"] = "full_access"
+        payload["execution"]["skills"] = [skill_entry(tmp_path)]
+        d = Driver(tmp_path, payload, env=FAST)
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+        pgid = await wait_provider(d)
+        assert skills.is_dir()
+        assert (await run(cp, "run-1", f"[[shell:rm -rf {skills} && printf planted > {skills}]]", 60))[
+            "status"
+        ] == "completed"
+        assert skills.is_file(), "the agent's tool could not replace the folder: the attack did not run"
+        os.killpg(pgid, signal.SIGKILL)
+        exited = await wait_diagnostic(cp, "provider.exited", timeout=30)
+        await wait_diagnostic(cp, "provider.restarted", after_seq=exited["seq"], timeout=60)
+        assert (await run(cp, "run-2", "[[say:fine]]", 60))["status"] == "completed"
+        assert skills.is_dir() and d.proc.poll() is None
