@@ -179,3 +179,25 @@ async def test_claude_skills_folder_replaced_by_a_file_does_not_brick_the_provid
         await wait_diagnostic(cp, "provider.restarted", after_seq=exited["seq"], timeout=60)
         assert (await run(cp, "run-2", "[[say:fine]]", 60))["status"] == "completed"
         assert skills.is_dir() and d.proc.poll() is None
+
+
+async def test_a_process_start_after_the_agent_made_its_home_a_file_starts(
+    tmp_path: Path, drivers: list[Driver]
+) -> None:
+    """§6.8 processes get the provider's `$HOME` (`state_dir/providers/<runtime>/home`), made at each
+    `process.start` with a plain `mkdir(exist_ok=True)`: a file the agent left there (its provider
+    still running, so no restart set it aside) failed every `process.start` with an internal error."""
+    home = tmp_path / "state" / "providers" / "acp" / "home"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, boot_payload(tmp_path, cp.url), env=FAST)
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=20)
+        script = 'rm -rf "$HOME" && printf planted > "$HOME"'
+        assert (await run(cp, "run-1", f"[[own-shell:{script}]]"))["status"] == "completed"
+        assert home.is_file()
+        cid, _ = await cp.send_command(INSTANCE, "process.start", process_id="p1", argv=["sh", "-c", "echo $HOME"])
+        status = await cp.wait_for_command_status(cid, timeout=30)
+        assert status["status"] == "completed", status
+        assert home.is_dir() and d.proc.poll() is None
+        aside = await wait_diagnostic(cp, "provider.home_set_aside")
+        assert aside["payload"]["details"]["set_aside_as"].startswith("home.set-aside-")
