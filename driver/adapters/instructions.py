@@ -104,12 +104,11 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
     try:
         path_fd = agent_files.open_folder(start, relative, create=True)
     except agent_files.AgentFileError:
-        # A file or a link the agent left where the folder should be: refusing it alone failed every
-        # later start of the runtime (on every later driver too). It is set aside (kept, renamed).
-        if not os.path.lexists(start / relative):
+        # A file or a link the agent left where a folder should be (the skills folder, or the runtime's
+        # config folder above it): refusing it alone failed every later start of the runtime (on every
+        # later driver too). The first such component is set aside (kept, renamed).
+        if not _set_aside_first_non_folder(start, relative):
             raise
-        aside = agent_files.set_aside(start / relative)
-        log.warning("skills.folder_set_aside", path=str(relative), set_aside_as=aside.name)
         path_fd = agent_files.open_folder(start, relative, create=True)
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
@@ -130,6 +129,20 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
             os.symlink(target, name, target_is_directory=True, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def _set_aside_first_non_folder(start: Path, relative: Path) -> bool:
+    for depth in range(1, len(relative.parts) + 1):
+        path = start.joinpath(*relative.parts[:depth])
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(mode):
+            aside = agent_files.set_aside(path)
+            log.warning("skills.folder_set_aside", path=str(path.relative_to(start)), set_aside_as=aside.name)
+            return True
+    return False
 
 
 def _is_link(name: str, dir_fd: int) -> bool:

@@ -201,3 +201,33 @@ async def test_a_process_start_after_the_agent_made_its_home_a_file_starts(
         assert home.is_dir() and d.proc.poll() is None
         aside = await wait_diagnostic(cp, "provider.home_set_aside")
         assert aside["payload"]["details"]["set_aside_as"].startswith("home.set-aside-")
+
+
+@pytest.mark.provider
+async def test_claude_config_dir_replaced_by_a_file_does_not_brick_the_provider(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes
+) -> None:
+    """The Claude CLI's `CLAUDE_CONFIG_DIR` is the driver's choice (`claude-config` under the provider's
+    folder) and the agent's to write; with skills the driver links them into its `skills/` at every
+    CLI start. The CLI's Bash tool makes the config folder a file and the CLI is killed: the driver's
+    `mkdir` of it raised at every later start of the CLI (on this driver and any later one on the
+    same state_dir). It is set aside as the provider's home is."""
+    config_dir = tmp_path / "state" / "providers" / "claude-agent-sdk" / "claude-config"
+    async with control_plane(tmp_path) as cp:
+        payload = runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes)
+        payload["execution"]["permission_policy"] = "full_access"
+        payload["execution"]["skills"] = [skill_entry(tmp_path)]
+        d = Driver(tmp_path, payload, env=FAST)
+        drivers.append(d)
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+        pgid = await wait_provider(d)
+        assert config_dir.is_dir()
+        script = f"rm -rf {config_dir} && printf planted > {config_dir}"
+        await run(cp, "run-1", f"[[shell:{script}]]", 60)  # whatever the CLI makes of it afterwards
+        assert config_dir.is_file(), "the agent's tool could not replace the folder: the attack did not run"
+        os.killpg(pgid, signal.SIGKILL)
+        exited = await wait_diagnostic(cp, "provider.exited", timeout=30)
+        await wait_diagnostic(cp, "provider.restarted", after_seq=exited["seq"], timeout=60)
+        assert (await run(cp, "run-2", "[[say:fine]]", 60))["status"] == "completed"
+        assert config_dir.is_dir() and d.proc.poll() is None
+        assert [p.read_text() for p in config_dir.parent.glob("claude-config.set-aside-*")] == ["planted"]
