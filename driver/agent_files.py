@@ -112,6 +112,17 @@ def write_file(root: Path, relative: str | os.PathLike[str], data: bytes, *, mod
 def read_file(root: Path, relative: str | os.PathLike[str], *, max_bytes: int) -> bytes:
     """The bytes of the regular file `root/relative`, refused when larger than `max_bytes` (from `fstat`,
     before anything is read), when it is a link, a fifo, a device or a folder."""
+    return _read(root, relative, max_bytes, refuse_larger=True)
+
+
+def read_head(root: Path, relative: str | os.PathLike[str], *, max_bytes: int) -> bytes:
+    """At most the first `max_bytes` bytes of the regular file `root/relative` (a larger file is not
+    refused: the caller needs only its head, e.g. a SKILL.md's front matter); refused as `read_file`
+    when it is a link, a fifo, a device or a folder."""
+    return _read(root, relative, max_bytes, refuse_larger=False)
+
+
+def _read(root: Path, relative: str | os.PathLike[str], max_bytes: int, *, refuse_larger: bool) -> bytes:
     folder, name = _split(relative)
     dir_fd = open_folder(root, folder)
     try:
@@ -127,9 +138,11 @@ def read_file(root: Path, relative: str | os.PathLike[str], *, max_bytes: int) -
         st = os.fstat(src.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise AgentFileError(f"{root / relative}: not a regular file")
-        if st.st_size > max_bytes:
+        if refuse_larger and st.st_size > max_bytes:
             raise AgentFileError(f"{root / relative}: {st.st_size} bytes, over the {max_bytes}-byte limit")
         data = src.read(max_bytes + 1)  # a file grown since the fstat is still capped
+    if not refuse_larger:
+        return data[:max_bytes]
     if len(data) > max_bytes:
         raise AgentFileError(f"{root / relative}: over the {max_bytes}-byte limit")
     return data

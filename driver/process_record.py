@@ -21,13 +21,14 @@ from pathlib import Path
 
 import msgspec
 
-from driver import logs
+from driver import agent_files, logs
 from driver.queue.journal_rows import Finding
 from driver.queue.rowmac import UNKEYED, RowMac
 
 log = logs.get("driver.containment")  # one logger for both halves: the log lines keep their names
 
 RECORD_NAME = "processes.json"
+MAX_RECORD_BYTES = 1024 * 1024  # a few hundred entries at most; more is not the driver's own file
 
 _record: ProcessRecord | None = None
 _findings: list[Finding] = []
@@ -82,17 +83,26 @@ class ProcessRecord:
         return self.mac.of("processes", entries).hex()
 
     def _write(self) -> None:
+        # Through agent_files: without the mount namespace (containment.degraded) the agent can plant a
+        # fifo or a link at any name here, and a plain write held the event loop or wrote through it.
+        # The record only helps the next driver clean up after a crash: a failed write is logged, and
+        # never fails the provider start it was made for.
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_suffix(".tmp")
         entries = msgspec.json.encode(list(self._entries.values()))
-        tmp.write_bytes(b'{"entries":' + entries + b',"mac":"' + self._mac_of(entries).encode() + b'"}')
-        tmp.replace(self.path)
+        data = b'{"entries":' + entries + b',"mac":"' + self._mac_of(entries).encode() + b'"}'
+        try:
+            agent_files.write_file(self.path.parent, RECORD_NAME, data)
+        except agent_files.AgentFileError as exc:
+            log.error("containment.record_unwritable", path=str(self.path), error=str(exc))
 
     def read(self) -> list[dict[str, int]]:
         """The entries, only when the file is the driver's own; else [] (and a finding)."""
         try:
-            raw = self.path.read_bytes()
-        except OSError:
+            raw = agent_files.read_file(self.path.parent, RECORD_NAME, max_bytes=MAX_RECORD_BYTES)
+        except agent_files.AgentFileError as exc:
+            if os.path.lexists(self.path):
+                _findings.append(Finding("processes", RECORD_NAME, "mac"))
+                log.error("containment.record_tampered", path=str(self.path), error=str(exc))
             return []
         try:
             data = msgspec.json.decode(raw)
@@ -166,7 +176,7 @@ def track(state_dir: Path, mac: RowMac | None = None) -> list[int]:
     Returns the pids killed."""
     global _record
     record = ProcessRecord(state_dir, mac)
-    killed = reap(record.read()) if record.path.exists() else []
+    killed = reap(record.read()) if os.path.lexists(record.path) else []
     if killed:
         log.warning("containment.predecessor_killed", pids=killed)
     record._write()  # start empty: everything recorded before is dead or was never ours

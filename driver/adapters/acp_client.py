@@ -313,7 +313,8 @@ class AcpClient(Adapter):
             log.info("acp.file_outside_roots", path=path)
             return
         digest = await anyio.to_thread.run_sync(acp_fs.sha256_of, admitted)
-        change = "deleted" if digest is None else ("created" if created else "modified")
+        gone = digest is None and not os.path.lexists(admitted)  # None also for a file too large to hash
+        change = "deleted" if gone else ("created" if created else "modified")
         await self._file_changed(admitted, change, digest)
 
     async def _file_changed(self, path: Path, change: str, digest: str | None) -> None:

@@ -5,6 +5,11 @@ channel every runtime reads). Here an adapter learns which of them its runtime c
 natively: images (by type, within the size the model APIs accept) and short UTF-8 texts. A runtime
 that cannot take an image it is given refuses the run with `command.invalid` (AttachmentRefused)
 rather than let the model answer without it.
+
+`cwd/inputs/` is the agent's (PROTOCOL §9): between the download and these reads its processes can
+make a file there a fifo (a plain open held the driver's event loop for good), a sparse giant or a
+link to the driver's own files. Every read here goes through driver.agent_files (no link followed,
+regular files only, bounded by the size the download checked).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver import agent_files
 from driver.protocol.commands import Attachment
 
 IMAGE_TYPES: dict[str, str] = {
@@ -37,20 +43,31 @@ class LocalAttachment:
     path: Path  # cwd/inputs/<name>
     kind: str  # "image" | "text" | "file"
     mime_type: str
+    cwd: Path
+    size: int  # the size the download checked: no more is read
+
+    def _bytes(self) -> bytes:
+        try:
+            return agent_files.read_file(self.cwd, Path("inputs", self.name), max_bytes=self.size)
+        except agent_files.AgentFileError as exc:
+            raise AttachmentRefused(f"attachment {self.name!r} changed after its download: {exc}") from None
 
     def base64(self) -> str:
-        return base64.b64encode(self.path.read_bytes()).decode("ascii")
+        return base64.b64encode(self._bytes()).decode("ascii")
 
     def text(self) -> str:
-        return self.path.read_text(encoding="utf-8")
+        try:
+            return self._bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise AttachmentRefused(f"attachment {self.name!r} changed after its download: not UTF-8") from None
 
 
-def _is_text(path: Path) -> bool:
+def _is_text(cwd: Path, name: str, size: int) -> bool:
+    if size > MAX_TEXT_BYTES:
+        return False
     try:
-        if path.stat().st_size > MAX_TEXT_BYTES:
-            return False
-        data = path.read_bytes()
-    except OSError:
+        data = agent_files.read_file(cwd, Path("inputs", name), max_bytes=size)
+    except agent_files.AgentFileError:
         return False
     if b"\0" in data:
         return False
@@ -75,9 +92,9 @@ def local(
                 raise AttachmentRefused(
                     f"attachment {att.name!r}: images above {max_image_bytes // (1024 * 1024)} MiB are not accepted"
                 )
-            out.append(LocalAttachment(att.name, path, "image", mime))
-        elif _is_text(path):
-            out.append(LocalAttachment(att.name, path, "text", "text/plain"))
+            out.append(LocalAttachment(att.name, path, "image", mime, cwd, att.size))
+        elif _is_text(cwd, att.name, att.size):
+            out.append(LocalAttachment(att.name, path, "text", "text/plain", cwd, att.size))
         else:
-            out.append(LocalAttachment(att.name, path, "file", "application/octet-stream"))
+            out.append(LocalAttachment(att.name, path, "file", "application/octet-stream", cwd, att.size))
     return out

@@ -15,6 +15,7 @@ The CLI's client and process are `claude_cli.ClaudeCli`; a permission prompt's r
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -329,7 +330,8 @@ class ClaudeAdapter(Adapter):
         except PathNotAllowed:
             return
         digest = await anyio.to_thread.run_sync(sha256_of, path)
-        change = "deleted" if digest is None else ("created" if touched.created else "modified")
+        gone = digest is None and not os.path.lexists(path)  # None also for a file too large to hash
+        change = "deleted" if gone else ("created" if touched.created else "modified")
         await self.ports.emit(
             "file.changed", {"path": relative_to_cwd(path, self._cwd), "change": change, "sha256": digest}
         )

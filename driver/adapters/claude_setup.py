@@ -35,7 +35,9 @@ def launch(config: AdapterConfig, host: McpHostServer | None, session: Session) 
     skills = instructions.installed_skills(Path(cwd), execution.skills)
     config_dir = Path(config.env.get("CLAUDE_CONFIG_DIR") or state_dir / "claude-config")
     if skills:
-        instructions.link_skills(skills, config_dir / "skills")
+        # Walked from state_dir when the config folder is ours (the agent may have made it a file).
+        inside = config_dir.is_relative_to(state_dir)
+        instructions.link_skills(skills, config_dir / "skills", state_dir if inside else None)
     driver_text = instructions.compose(execution, config.session, own_prompt=False)
     if skills:
         # Claude Code lists skills by name and description only; the model also learns where they are.

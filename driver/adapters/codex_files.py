@@ -10,14 +10,12 @@ file or link where a folder should be is set aside (kept under a fresh name) and
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import platform
-import stat
 from pathlib import Path
 
 from driver import agent_files, logs
-from driver.adapters import instructions
+from driver.adapters import acp_fs, instructions
 from driver.adapters.base import AdapterConfig, ProviderError
 from driver.adapters.codex_config import CodexConfigError, CodexSettings, render_config, settings_from
 
@@ -75,20 +73,15 @@ def codex_binary(project_root: Path, machine: str | None = None) -> Path:
 def sha256_file(path: str) -> str | None:
     """The sha256 of a regular file; None for one that is gone or is not a regular file (a FIFO the
     agent left under that name is opened without blocking, and refused)."""
-    digest = hashlib.sha256()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            for block in iter(lambda: f.read(1 << 16), b""):
-                digest.update(block)
+            return acp_fs.bounded_sha256(f)  # a sparse giant is not read (sha256 null)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def prepare_home(config: AdapterConfig, host_mcp_url: str | None) -> tuple[Path, dict[str, str], CodexSettings]:

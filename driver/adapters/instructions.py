@@ -18,12 +18,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver import agent_files
+from driver import agent_files, logs
 from driver.protocol.boot import ExecutionConfig, SessionConfig, Skill
 
 SKILL_FILE = "SKILL.md"
+log = logs.get("driver.adapters.instructions")
+
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_DESCRIPTION = 1024
+_MAX_SKILL_HEAD = 64 * 1024  # the front matter is at the head; the rest of SKILL.md is the model's to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,15 @@ def installed_skills(cwd: Path, skills: Iterable[Skill]) -> list[SkillInfo]:
     found: list[SkillInfo] = []
     for skill in skills:
         folder = cwd / skill.mount_path
+        # The folder is the agent's (cwd, PROTOCOL §9): SKILL.md may have become a fifo (a plain open
+        # held the driver's event loop for good), a sparse giant or a link to the driver's own files.
         try:
-            text = (folder / SKILL_FILE).read_text(errors="replace")
-        except OSError:
+            head = agent_files.read_head(cwd, Path(skill.mount_path) / SKILL_FILE, max_bytes=_MAX_SKILL_HEAD)
+        except agent_files.AgentFileError as exc:
+            if os.path.lexists(folder / SKILL_FILE):
+                log.warning("skill.unreadable", skill=skill.name, error=str(exc))
             continue
+        text = head.decode("utf-8", errors="replace")
         meta = front_matter(text)
         name = meta.get("name") or skill.name
         description = meta.get("description", "")[:_MAX_DESCRIPTION]
@@ -93,7 +101,15 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
     relative = folder.relative_to(root) if root is not None else Path(folder.name)
     start = root if root is not None else folder.parent
     start.mkdir(parents=True, exist_ok=True)  # the trusted start of the walk (the runtime's config folder)
-    path_fd = agent_files.open_folder(start, relative, create=True)
+    try:
+        path_fd = agent_files.open_folder(start, relative, create=True)
+    except agent_files.AgentFileError:
+        # A file or a link the agent left where a folder should be (the skills folder, or the runtime's
+        # config folder above it): refusing it alone failed every later start of the runtime (on every
+        # later driver too). The first such component is set aside (kept, renamed).
+        if not _set_aside_first_non_folder(start, relative):
+            raise
+        path_fd = agent_files.open_folder(start, relative, create=True)
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
     finally:
@@ -113,6 +129,20 @@ def link_skills(skills: Sequence[SkillInfo], folder: Path, root: Path | None = N
             os.symlink(target, name, target_is_directory=True, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def _set_aside_first_non_folder(start: Path, relative: Path) -> bool:
+    for depth in range(1, len(relative.parts) + 1):
+        path = start.joinpath(*relative.parts[:depth])
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(mode):
+            aside = agent_files.set_aside(path)
+            log.warning("skills.folder_set_aside", path=str(path.relative_to(start)), set_aside_as=aside.name)
+            return True
+    return False
 
 
 def _is_link(name: str, dir_fd: int) -> bool:

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from driver import agent_files
 from driver.processes.ring import RING_BYTES, oldest_kept
 from driver.processes.text import TAIL_BYTES
 from driver.queue.rowmac import MAC_BYTES, UNKEYED, RowMac
@@ -44,6 +45,10 @@ def folder(state_dir: Path) -> Path:
 def reset_folder(state_dir: Path) -> Path:
     path = folder(state_dir)
     shutil.rmtree(path, ignore_errors=True)
+    # What rmtree leaves is not a folder (containment.degraded: the agent can make it a file, a fifo
+    # or a link): removed, not followed, or the mkdir below failed every later start.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
@@ -85,9 +90,10 @@ def leftovers(root: Path, mac: RowMac = UNKEYED) -> list[Leftover]:
         return found
     for record_path in sorted(root.glob("*.json")):
         try:
-            raw = record_path.read_bytes()[: 64 * 1024]
+            # Bounded, no link followed, a fifo refused (containment.degraded: the agent's to shape).
+            raw = agent_files.read_file(root, record_path.name, max_bytes=64 * 1024)
             record = msgspec.json.decode(raw, type=_Record)
-        except (OSError, msgspec.DecodeError, ValueError):
+        except (agent_files.AgentFileError, OSError, msgspec.DecodeError, ValueError):
             containment.report("process_rings", record_path.name, "mac")
             continue
         good = _record_mac(mac, record_path.stem, record.process_id, record.pid)
@@ -124,7 +130,11 @@ class RingFile:
         self._setup(capacity, mac)
         self.total = 0  # bytes written since the process started: the next byte's offset
         self._partial = b""  # the bytes of the block being filled (the driver's own copy)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A fresh file, never one that stands there (a link or fifo the agent planted, where degraded).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd: int | None = os.open(self.path, flags, 0o600)
         self._write_trailer()  # a sparse file of its whole size from the start
         if pid is not None:
             self._write_record(process_id, pid)
@@ -165,11 +175,8 @@ class RingFile:
         return ring
 
     def _write_record(self, process_id: str, pid: int) -> None:
-        tmp = self.record.with_suffix(".tmp")
         mac = _record_mac(self._mac, self.name, process_id, pid)
-        tmp.write_bytes(msgspec.json.encode(_Record(process_id, pid, mac)))
-        tmp.chmod(0o600)
-        tmp.replace(self.record)
+        agent_files.write_file(self.record.parent, self.record.name, msgspec.json.encode(_Record(process_id, pid, mac)))
 
     def _write_trailer(self) -> None:
         assert self._fd is not None

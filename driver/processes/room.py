@@ -22,7 +22,9 @@ import anyio
 
 from driver import containment, logs, tasks
 from driver.adapters.environment import provider_env
+from driver.agent_files import AgentFileError
 from driver.interfaces import PathNotAllowed
+from driver.kernel import provider_home
 from driver.processes import handle
 from driver.processes import spawn as spawning
 from driver.processes.output import Output, must_wait
@@ -143,7 +145,7 @@ class ProcessRoom:
         cwd = self._cwd(c.cwd)
         pty = (c.pty.cols, c.pty.rows) if c.pty is not None else None
         proxy = k.boot.execution.model_proxy
-        env = env_of(self._provider_env(), c.env, proxy.secrets if proxy else [], pty=pty is not None)
+        env = env_of(await self._provider_env(), c.env, proxy.secrets if proxy else [], pty=pty is not None)
         argv = argv_of(c.argv, env, handle.account_shell())
         if handle.executable(argv[0], env.get("PATH"), cwd) is None:
             raise CommandFailed("process.spawn_failed", f"argv[0] is not an executable: {argv[0][:200]!r}")
@@ -188,10 +190,16 @@ class ProcessRoom:
             raise CommandFailed("path.not_allowed", "cwd is not a directory")
         return path
 
-    def _provider_env(self) -> dict[str, str]:
+    async def _provider_env(self) -> dict[str, str]:
         boot = self.k.boot
-        home = Path(boot.session.state_dir) / "providers" / boot.execution.runtime / "home"
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The provider's home is the agent's: a file or link it left there is set aside, as at a
+        # provider start (a plain mkdir failed every process.start while the provider lived on).
+        try:
+            home, notes = provider_home.prepare(Path(boot.session.state_dir), boot.execution.runtime)
+        except AgentFileError as exc:
+            raise CommandFailed("process.spawn_failed", f"the provider's home: {exc}", retryable=True) from None
+        for note in notes:
+            await self.k.emit("diagnostic.reported", note)
         return provider_env(boot.execution.environment, home=str(home))
 
     async def input(self, p: Proc, data: bytes) -> None:
