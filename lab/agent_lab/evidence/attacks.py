@@ -1,72 +1,31 @@
 """The attacks of issue 30 ("the agent is not trusted, second pass"), each through the real driver, for
 the isolation claim (agent_lab.evidence.isolation).
 
-ONE list, `ATTACKS`: each entry is a name and an async function that gets a fresh driver (`Target`, our
-stubborn ACP agent: a real provider process, model-free; the attacks aim at the kernel, the same for every
-runtime) and returns an `Outcome` (passed or not, with a one-line detail). To add an attack, write such a
-function and append it to `ATTACKS`; `case` runs them all and lists each with its result.
+ONE list, `ATTACKS`: each entry names what the agent tries and gives an async function that gets a fresh
+driver (`Target`: our stubborn ACP agent unless the entry names a runtime, a real provider process,
+model-free; the attacks aim at the kernel, the same for every runtime) and returns an `Outcome` (passed
+or not, with the measured fact). To add an attack, write such a function and append it to `ATTACKS`;
+`case` runs them all, once per evidence run, and lists each with its result. The attacks on the driver's
+state live in attacks_state, those on the model proxy and the listeners in attacks_proxy.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+from agent_lab.evidence import attacks_proxy as proxy
+from agent_lab.evidence import attacks_state as state
+from agent_lab.evidence.attack_kit import Outcome, Target
+from agent_lab.evidence.attack_kit import code as _code
+from agent_lab.evidence.attack_kit import frame as _frame
 from agent_lab.evidence.report import Case
 from agent_lab.evidence.rig import DriverProc, Rig, Sandbox, payload
 from agent_lab.testing import agents
 
 NAME = "issue 30 attacks through the real driver"
-
-
-class Outcome(NamedTuple):
-    passed: bool
-    detail: str
-
-
-@dataclass
-class Target:
-    """A started driver of its own sandbox, and the rig's control plane."""
-
-    rig: Rig
-    box: Sandbox
-    driver: DriverProc
-
-    @property
-    def instance(self) -> str:
-        return self.box.instance
-
-    async def raw(self, frame: dict[str, Any]) -> None:
-        await self.rig.cp.send_raw(self.instance, json.dumps(frame))
-
-    def final(self, command_id: str) -> dict[str, Any] | None:
-        """The terminal command.update the driver sent (raw frames are not in the CP's store)."""
-        done = [u for u in self.rig.cp.command_updates(command_id) if u["status"] != "accepted"]
-        return done[-1] if done else None
-
-    async def finals(self, command_ids: list[str], at_least: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        await self.rig.cp.wait_until(lambda: sum(self.final(c) is not None for c in command_ids) >= at_least, timeout)
-        return [f for c in command_ids if (f := self.final(c)) is not None]
-
-    async def slow_run(self, run_id: str) -> str:
-        cid, _ = await self.rig.cp.send_command(self.instance, "input.start", run_id=run_id, input={"text": "[[slow]]"})
-        await self.rig.event(self.instance, lambda e: e["kind"] == "message.delta" and e["run_id"] == run_id, 30)
-        return cid
-
-    async def status(self, kind: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
-        cid, _ = await self.rig.cp.send_command(self.instance, kind, **fields)
-        return dict(await self.rig.cp.wait_for_command_status(cid, timeout=timeout))
-
-
-def _frame(command_id: str, seq: int, kind: str, **fields: Any) -> dict[str, Any]:
-    return {"type": "command", "command_id": command_id, "seq": seq, "kind": kind, **fields}
-
-
-def _code(status: dict[str, Any] | None) -> str | None:
-    return ((status or {}).get("error") or {}).get("code")
 
 
 async def queue_burst(t: Target) -> Outcome:
@@ -115,7 +74,7 @@ async def seq_out_of_range(t: Target) -> Outcome:
 SECRET = "sk-evidence-withheld-5e1f0c"
 
 
-def _secret_by_value(boot: dict[str, Any]) -> None:
+def _secret_by_value(boot: dict[str, Any], rig: Rig, box: Sandbox) -> None:
     execution = boot["execution"]
     execution["environment"] = {"ANTHROPIC_API_KEY": SECRET, "SECOND_NAME": SECRET, "HARMLESS": "visible-1"}
     execution["model_proxy"] = {"secrets": ["ANTHROPIC_API_KEY"]}
@@ -139,46 +98,109 @@ async def secret_by_value(t: Target) -> Outcome:
     return Outcome(ok, f"process saw {len(seen)} variables; holding the secret or token: {leaked or 'none'}")
 
 
-Attack = tuple[str, Callable[[Target], Awaitable[Outcome]], Callable[[dict[str, Any]], None] | None]
-# name, attack, how its boot payload differs from the plain stubborn one (None: not at all).
+Setup = Callable[[dict[str, Any], Rig, Sandbox], None]
+
+
+class Attack(NamedTuple):
+    name: str  # what the agent tries
+    run: Callable[[Target], Awaitable[Outcome]]
+    setup: Setup | None = None  # how its boot payload differs from the plain one (None: not at all)
+    env: dict[str, str] | None = None  # the driver's environment (e.g. no mount namespace)
+    runtime: str = "stubborn"  # or a real runtime of the rig's payload ("claude-agent-sdk")
+
+
 ATTACKS: list[Attack] = [
-    ("24 queued input.starts in a burst", queue_burst, None),
-    ("a reused run_id", reused_run_id, None),
-    ("a command seq outside int64", seq_out_of_range, None),
-    ("a secret by value in process.start", secret_by_value, _secret_by_value),
+    Attack("24 queued input.starts in a burst", queue_burst),
+    Attack("a reused run_id", reused_run_id),
+    Attack("a command seq outside int64", seq_out_of_range),
+    Attack("a secret by value in process.start", secret_by_value, _secret_by_value),
+    Attack("its $HOME replaced by a file, then its provider killed", state.home_replaced_by_a_file, env=state.FAST),
+    Attack(
+        "links planted at the proxied CODEX_HOME's config.toml, then its provider killed",
+        proxy.planted_link_at_proxied_config,
+        proxy._proxied_codex,
+        state.FAST,
+    ),
+    Attack(
+        "its own base_url in its CODEX_HOME/config.toml, then a driver restart",
+        proxy.agent_base_url,
+        proxy._proxied_codex,
+    ),
+    Attack(
+        "the model proxy as a relay (non-model paths, #fragment) and a burst of 8 under a token budget",
+        proxy.relay_and_burst,
+        proxy._anthropic(budget={"max_tokens_per_run": proxy.BUDGET}),
+    ),
+    Attack(
+        "keyless 30 MiB floods and idle sockets on the model proxy and the host MCP server",
+        proxy.floods_and_idle_sockets,
+        proxy._anthropic(host_tools=True),
+    ),
+    Attack(
+        "six sparse 64 MiB files in its native session folder",
+        state.sparse_giants,
+        runtime="claude-agent-sdk",
+    ),
+    Attack("a process ring rewritten without a mount namespace", state.ring_rewritten, env=state.DEGRADED),
+    Attack(
+        "a forged pid in the state_dir lock, then --handover (no mount namespace)",
+        state.forged_lock_handover,
+        env=state.DEGRADED,
+    ),
+    Attack(
+        "its kept provider under a successor with another boot payload", state.keeper_other_payload, state._reattach
+    ),
 ]
 
 
-def _targets(rig: Rig, runtime: str) -> Iterator[tuple[str, Sandbox, dict[str, Any]]]:
-    for i, (name, _, mutate) in enumerate(ATTACKS):
-        box = rig.sandbox(f"drv-ev-attack-{runtime}-{i}")
-        boot = payload(
-            "acp", box, rig.cp.url, rig.token, rig.fakes, acp_command=[sys.executable, str(agents.STUBBORN), "normal"]
-        )
-        if mutate is not None:
-            mutate(boot)
-        yield name, box, boot
+def _boot(rig: Rig, attack: Attack, box: Sandbox) -> dict[str, Any]:
+    if attack.runtime == "stubborn":
+        command = [sys.executable, str(agents.STUBBORN), "normal"]
+        boot = payload("acp", box, rig.cp.url, rig.token, rig.fakes, acp_command=command)
+    else:
+        boot = payload(attack.runtime, box, rig.cp.url, rig.token, rig.fakes)
+    if attack.setup is not None:
+        attack.setup(boot, rig, box)
+    return boot
+
+
+async def _one(rig: Rig, runtime: str, i: int, attack: Attack) -> Outcome:
+    box = rig.sandbox(f"drv-ev-attack-{runtime}-{i}")
+    try:
+        boot = _boot(rig, attack, box)
+        driver = DriverProc(box, boot, env=attack.env)
+        rig.drivers.append(driver)
+    except Exception as exc:
+        return Outcome(False, f"{type(exc).__name__}: {exc}"[:300])
+    try:
+        await rig.started(box.instance)
+        return await attack.run(Target(rig, box, driver, boot))
+    except Exception as exc:
+        return Outcome(False, f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        # The attack's own successors too (they are in rig.drivers after `driver`).
+        for d in rig.drivers[rig.drivers.index(driver) :]:
+            await d.stop()
 
 
 async def case(rig: Rig, runtime: str) -> Case:
     """Every attack of `ATTACKS`, each on a fresh driver; passed when every one did."""
     results: dict[str, dict[str, str]] = {}
-    for (name, attack, _), (_, box, boot) in zip(ATTACKS, _targets(rig, runtime), strict=True):
-        driver = DriverProc(box, boot)
-        rig.drivers.append(driver)
-        try:
-            await rig.started(box.instance)
-            outcome = await attack(Target(rig, box, driver))
-        except Exception as exc:
-            outcome = Outcome(False, f"{type(exc).__name__}: {exc}"[:300])
-        finally:
-            await driver.stop()
-        results[name] = {"result": "passed" if outcome.passed else "failed", "detail": outcome.detail}
+    for i, attack in enumerate(ATTACKS):
+        t0 = time.monotonic()
+        outcome = await _one(rig, runtime, i, attack)
+        results[attack.name] = {
+            "result": "passed" if outcome.passed else "failed",
+            "detail": outcome.detail,
+            "seconds": f"{time.monotonic() - t0:.1f}",
+        }
     failed = [n for n, r in results.items() if r["result"] != "passed"]
     return Case(
         NAME,
         "failed" if failed else "passed",
         {"attacks": results},
         f"failed: {', '.join(failed)}" if failed else None,
-        "each attack of agent_lab/evidence/attacks.py on a fresh driver (stubborn ACP agent) through the lab CP",
+        "each attack of agent_lab/evidence/attacks.py on a fresh driver through the lab CP, from inside the "
+        "provider tree (the stubborn ACP agent's tools; the Claude Code CLI's for the native session), once "
+        "per evidence run",
     )

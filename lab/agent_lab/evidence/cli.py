@@ -66,7 +66,9 @@ async def run(args: argparse.Namespace) -> Report:
                 root.mkdir()
                 t = time.monotonic()
                 async with rig(root, fakes) as r:
-                    claim = await collectors[name](r, runtime, quick=args.quick, runs=runs)
+                    claim = await collectors[name](
+                        r, runtime, quick=args.quick, runs=runs, first_runtime=runtime == runtimes[0]
+                    )
                 report.claims.append(claim)
                 print(
                     f"  {name} / {runtime}: {claim.verdict} ({time.monotonic() - t:.0f} s)", file=sys.stderr, flush=True

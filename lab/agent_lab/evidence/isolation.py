@@ -296,7 +296,9 @@ async def model_key_case(rig: Rig, runtime: str) -> Case:
         return Case(model_key.NAME, "failed", {}, f"{type(exc).__name__}: {exc}"[:300])
 
 
-async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
+async def collect(rig: Rig, runtime: str, *, first_runtime: bool = True, **_: Any) -> Claim:
+    """`first_runtime`: this is the evidence run's first runtime, whose claim runs issue 30's attacks
+    (they aim at the kernel, the same for every runtime: run and listed once, not per runtime)."""
     claim = Claim("isolation", runtime)
     instance = f"drv-ev-iso-{runtime}"
     box = rig.sandbox(instance)
@@ -319,10 +321,13 @@ async def collect(rig: Rig, runtime: str, **_: Any) -> Claim:
     claim.cases.append(await model_key_case(rig, runtime))
     from agent_lab.evidence import attacks  # issue 30: each attack through the real driver, listed
 
-    try:
-        claim.cases.append(await attacks.case(rig, runtime))
-    except Exception as exc:
-        claim.cases.append(Case(attacks.NAME, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+    if first_runtime:
+        try:
+            claim.cases.append(await attacks.case(rig, runtime))
+        except Exception as exc:
+            claim.cases.append(Case(attacks.NAME, "failed", {}, f"{type(exc).__name__}: {exc}"[:300]))
+    else:
+        claim.notes.append(f"{attacks.NAME}: run once per evidence run, listed under the first runtime's claim")
     if runtime == "acp":
         try:
             claim.cases.append(await files(rig, rig.root))

@@ -148,7 +148,14 @@ def _die_with_the_rig() -> None:
 class DriverProc:
     """A real `agent-driver run` process in a session of its own; its stderr is its log."""
 
-    def __init__(self, box: Sandbox, boot: dict[str, Any], name: str = "driver", env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        box: Sandbox,
+        boot: dict[str, Any],
+        name: str = "driver",
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ):
         self.boot_file = box.root / f"{name}.boot.json"
         fd = os.open(self.boot_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -162,7 +169,7 @@ class DriverProc:
         with self.log_path.open("ab") as log:
             self.spawned_at = time.perf_counter()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot_file)],
+                [sys.executable, "-m", "driver.cli", "run", "--boot-file", str(self.boot_file), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
