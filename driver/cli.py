@@ -17,7 +17,7 @@ EX_SOFTWARE = 70  # an internal error escaped every unit (the journal keeps what
 class RunArgs(NamedTuple):
     boot_file: str | None = None
     log_level: str = "info"
-    handover: bool = False  # take the state_dir over from its running driver (driver/handover.py)
+    handover: bool = False  # take the state_dir over from its running driver (driver/keeper/handover.py)
 
 
 def _run_args(argv: list[str]) -> RunArgs | None:
@@ -83,7 +83,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     row_mac = RowMac(derive_key(payload.control.token, payload.driver_instance_id))
     try:
         if getattr(args, "handover", False):
-            from driver.handover import take_over
+            from driver.keeper.handover import take_over
 
             lock = take_over(Path(payload.session.state_dir), mac=row_mac)
         else:
@@ -95,7 +95,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
     containment.track(Path(payload.session.state_dir), row_mac)
-    from driver import keeper_state
+    from driver.keeper import state as keeper_state
 
     keeper_state.use_mac(row_mac)  # the keeper's record and turn files are authenticated the same way
     keeper_state.use_payload(payload)  # a kept provider is adopted only under the payload that configured it

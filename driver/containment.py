@@ -38,7 +38,7 @@ from typing import Any
 
 from driver import logs
 
-# The record's half of containment, under the names its callers use (driver/kept.py, the keeper's state).
+# The record's half of containment, under the names its callers use (driver/keeper/kept.py, the keeper's state).
 from driver.process_record import (
     RECORD_NAME,
     ProcessRecord,

@@ -118,7 +118,7 @@ class ProcessRecord:
 
 
 def report(table: str, key: str, reason: str) -> None:
-    """A state file under `state_dir/driver/` that failed its check (the keeper's, driver/keeper_state.py)."""
+    """A state file under `state_dir/driver/` that failed its check (the keeper's, driver/keeper/state.py)."""
     _findings.append(Finding(table, key, reason))
     log.error("containment.record_tampered", table=table, key=key)
 

@@ -49,7 +49,7 @@ class Run:
     steers_in_flight: int = 0
     steers_settled: anyio.Event = field(default_factory=anyio.Event)
     # A run continued by a new driver process (PROTOCOL §8.2): decides which re-derived events are
-    # admitted (driver.reattach.ReplayGate); None for every other run.
+    # admitted (driver.keeper.reattach.ReplayGate); None for every other run.
     replay: Any = None
 
 

@@ -6,7 +6,7 @@ the kernel releases it when the process dies, however it dies, so a stale lock f
 successor. The holder writes its pid into the file, for the one line a second process prints, with its start time
 and a MAC under the journal's key (driver/queue/rowmac.py): where the provider tree can write the file
 (`containment.degraded`), `--handover` signals only a holder whose record is the driver's own and still
-names that very process (driver/handover.py).
+names that very process (driver/keeper/handover.py).
 The descriptor is close-on-exec (Python's default), so no provider inherits it and keeps the lock alive
 after its driver.
 """

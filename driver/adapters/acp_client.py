@@ -33,7 +33,7 @@ from driver.adapters.base import Adapter, AdapterConfig, PathNotAllowed, Ports, 
 from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed, RequestId
 from driver.adapters.keeping import AnyProcess, provider_process
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
-from driver.kept import KeptProcess
+from driver.keeper.kept import KeptProcess
 from driver.ports.mcp_host import McpHostServer
 
 log = logs.get(__name__)

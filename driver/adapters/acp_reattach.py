@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 import msgspec
 
-from driver import reattach
 from driver.adapters import acp_models as m
 from driver.adapters import acp_permissions
 from driver.adapters.acp_state import SessionState
 from driver.adapters.acp_turn import AcpTurn, Emit
 from driver.adapters.base import ProviderError, TurnOutcome
-from driver.keeper_state import replies, requests_since
+from driver.keeper import reattach
+from driver.keeper.state import replies, requests_since
 
 PROMPT = "session/prompt"
 

@@ -17,12 +17,13 @@ from typing import Any
 
 import anyio
 
-from driver import guard, reattach, tasks
+from driver import guard, tasks
 from driver.adapters.base import AdapterConfig, ProviderError
 from driver.adapters.jsonrpc import JsonRpcPeer, PeerClosed
 from driver.adapters.keeping import AnyProcess, provider_process
 from driver.adapters.protocol_diagnostics import Emit, ProtocolDiagnostics
-from driver.kept import KeptProcess
+from driver.keeper import reattach
+from driver.keeper.kept import KeptProcess
 from driver.ports.mcp_host import McpHostServer
 
 Handler = Callable[[str, Any], Awaitable[Any]]

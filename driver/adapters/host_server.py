@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from driver import keeper_state, logs
+from driver import logs
 from driver.adapters.base import AdapterConfig
 from driver.interfaces import HostToolPort
+from driver.keeper import state as keeper_state
 from driver.ports.mcp_host import McpHostServer
 
 log = logs.get(__name__)
@@ -46,12 +47,12 @@ def remember(state_dir: Path, server: McpHostServer | None) -> None:
         with contextlib.suppress(OSError):
             path.unlink()
         return
-    keeper_state._write_json(path, {"port": server.port_number, "token": server.token})
+    keeper_state.write_json(path, {"port": server.port_number, "token": server.token})
 
 
 def _read(state_dir: Path) -> tuple[int, str] | None:
     try:
-        raw = keeper_state._read_json(_path(state_dir))
+        raw = keeper_state.read_json(_path(state_dir))
         port, token = raw["port"], raw["token"]
     except (TypeError, KeyError):
         return None

@@ -1,5 +1,5 @@
 """How an adapter gets its provider process: spawned directly, spawned under a keeper, or reattached
-to the keeper a dead driver process left (PROTOCOL §8.2; driver/kept.py, driver/reattach.py)."""
+to the keeper a dead driver process left (PROTOCOL §8.2; driver/keeper/kept.py, driver/keeper/reattach.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from driver import kept, logs, reattach
+from driver import logs
 from driver.adapters import host_server
 from driver.adapters.base import AdapterConfig
 from driver.adapters.process import ProviderProcess, secret_values
-from driver.kept import KeeperError, KeptProcess
+from driver.keeper import kept, reattach
+from driver.keeper.kept import KeeperError, KeptProcess
 from driver.ports.mcp_host import McpHostServer
 
 log = logs.get(__name__)

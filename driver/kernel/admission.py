@@ -3,7 +3,7 @@ and whether it is admitted at all.
 
 An event of a run whose terminal is chosen is dropped (its terminal excepted); `host_tool.called`
 names its own run; an event re-derived after a reattach passes the run's replay gate
-(driver/reattach.py) or is dropped, a best-effort one then counted as dropped (at most once).
+(driver/keeper/reattach.py) or is dropped, a best-effort one then counted as dropped (at most once).
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ def stated_capabilities(boot: BootPayload) -> frozenset[str]:
 
 def _can_reattach(boot: BootPayload) -> bool:
     """PROTOCOL §8.2: reattach is off unless the boot payload gives a grace, and needs the PID
-    namespace (only its pid 1, the keeper, ends every process of the tree: driver/kept.py)."""
+    namespace (only its pid 1, the keeper, ends every process of the tree: driver/keeper/kept.py)."""
     if boot.execution.reattach_grace_ms <= 0:
         return False
-    from driver import kept
+    from driver.keeper import kept
 
     return kept.supported()
 

@@ -13,12 +13,12 @@ import anyio
 import anyio.abc
 import pytest
 
-from driver import kept, reattach
 from driver.adapters import acp_models as m
 from driver.adapters import acp_reattach, acp_state
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.jsonrpc import JsonRpcPeer
-from driver.keeper_state import Record, Turn, keeper_dir, replies, requests_since
+from driver.keeper import kept, reattach
+from driver.keeper.state import Record, Turn, keeper_dir, replies, requests_since
 
 # -- the peer ---------------------------------------------------------------------------------------
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import kept, reattach
 from driver.adapters import keeping
 from driver.adapters.base import AdapterConfig
 from driver.adapters.process import ProviderProcess
-from driver.kept import KeptProcess
+from driver.keeper import kept, reattach
+from driver.keeper.kept import KeptProcess
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 
 ECHO = ["/bin/sh", "-c", 'while read -r l; do echo "got:$l"; done']

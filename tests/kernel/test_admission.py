@@ -21,7 +21,7 @@ def _judge(kind: str, payload: dict[str, Any], run: Run | None) -> admission.Ver
 
 
 class _Gate:
-    """A replay gate that refuses everything (driver/reattach.py's suppresses what was journaled)."""
+    """A replay gate that refuses everything (driver/keeper/reattach.py's suppresses what was journaled)."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []

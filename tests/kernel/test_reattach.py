@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from driver import keeper_state, kept
+from driver.keeper import kept
+from driver.keeper import state as keeper_state
 from driver.queue.rowmac import UNKEYED, RowMac, derive_key
 from tests.faults.history import check_instance, check_run
 from tests.integration.harness import INSTANCE, TOKEN, DriverProcess, control_plane
@@ -47,7 +48,7 @@ def kept_payload(tmp: Path, cp: Any, fakes: Fakes, grace_ms: int = 30_000) -> di
 def provider_pid(state: Path) -> int:
     record = kept.read_record(state)
     assert record is not None and record.alive(), "no live keeper recorded"
-    kids = kept._children(record.keeper_pid)
+    kids = keeper_state.children(record.keeper_pid)
     assert kids, "the keeper holds no provider"
     return kids[0]
 

@@ -19,7 +19,8 @@ import anyio
 import pytest
 from agent_lab.testing.script import SLOW_TEXT
 
-from driver import keeper_state, kept
+from driver.keeper import kept
+from driver.keeper import state as keeper_state
 from tests.faults.history import check_instance, check_run
 from tests.integration.harness import INSTANCE, DriverProcess, control_plane
 from tests.kernel import runtimes

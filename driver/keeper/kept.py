@@ -1,14 +1,14 @@
-"""A provider process held by a keeper (driver/keeper.py, PROTOCOL §8.2), seen from the driver.
+"""A provider process held by a keeper (driver/keeper/keeper.py, PROTOCOL §8.2), seen from the driver.
 
 `KeptProcess` has the surface the adapters use from `driver.adapters.process.ProviderProcess` (stdin
 send stream, stdout receive stream, pid/pgid, `exited`, `wait`, `signal_group`, `terminate`,
-`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper_launch.py)
+`stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper/launch.py)
 and through it the provider, in a PID namespace of its own that does not die with this driver;
 `attach()` connects a new driver
 process to a keeper a dead one left, and streams the provider's output from an offset of the log.
 
 Files, all under `state_dir/driver/keeper/` (hidden from the provider tree, §9): `sock`, `out.log`,
-`in.log`, and those of `driver.keeper_state` (`record.json`, `turn.json`).
+`in.log`, and those of `driver.keeper.state` (`record.json`, `turn.json`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from driver import keeper_launch, logs
-from driver.keeper_launch import CONNECT_TIMEOUT_S, KEEPER_PY, supported
-from driver.keeper_state import (
+from driver import logs
+from driver.keeper import launch as keeper_launch
+from driver.keeper.launch import CONNECT_TIMEOUT_S, KEEPER_PY, supported
+from driver.keeper.state import (
     KeeperError,
     Record,
     Turn,
-    _children,
-    _write_json,
-    _zombie,
+    children,
     discard,
     keeper_dir,
     log_full,
@@ -44,6 +43,8 @@ from driver.keeper_state import (
     read_turn,
     socket_address,
     stdin_facts,
+    write_json,
+    zombie,
 )
 
 log = logs.get(__name__)
@@ -54,7 +55,6 @@ __all__ = [
     "KeptProcess",
     "Record",
     "Turn",
-    "_children",
     "discard",
     "keeper_dir",
     "read_record",
@@ -143,7 +143,7 @@ class KeptProcess:
         self._out_send = send
         self.stdin: anyio.abc.ByteSendStream = _Stdin(self)
         self.stdout: anyio.abc.ByteReceiveStream = _Stdout(self, receive)
-        provider = _children(record.keeper_pid)
+        provider = children(record.keeper_pid)
         self.pid = provider[0] if provider else record.keeper_pid
         # The provider called setsid() in the keeper: its group id is its (outer) pid.
         self.pgid = self.pid
@@ -292,7 +292,7 @@ class KeptProcess:
         }
         if turn.extra:
             value["extra"] = turn.extra
-        _write_json(keeper_dir(self.state_dir) / "turn.json", value)
+        write_json(keeper_dir(self.state_dir) / "turn.json", value)
 
     def _add_stderr(self, data: bytes) -> None:
         text = self._partial + data.decode(errors="replace")
@@ -342,9 +342,9 @@ class KeptProcess:
                     await self.exited.wait()
                 # Its socket closes as it exits, a moment before it is a zombie: give it that moment.
                 with anyio.move_on_after(2.0):
-                    while self.record.alive() and not _zombie(self.record.keeper_pid):  # noqa: ASYNC110
+                    while self.record.alive() and not zombie(self.record.keeper_pid):  # noqa: ASYNC110
                         await anyio.sleep(0.01)
-                if self.record.alive() and not _zombie(self.record.keeper_pid):
+                if self.record.alive() and not zombie(self.record.keeper_pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(self.record.keeper_pid, signal.SIGKILL)
                 discard(self.state_dir)

@@ -1,7 +1,7 @@
-"""Starting a keeper (driver/keeper.py, PROTOCOL §8.2): its files and socket under
+"""Starting a keeper (driver/keeper/keeper.py, PROTOCOL §8.2): its files and socket under
 `state_dir/driver/keeper/`, the bwrap command that makes it pid 1 of a PID namespace not tied to this
 driver, its configuration on stdin (never argv or the environment), and its record. Talking to the
-started keeper is `driver.kept.KeptProcess`'s job."""
+started keeper is `driver.keeper.kept.KeptProcess`'s job."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import anyio.abc
 from driver import containment
 from driver.adapters.base import ProviderError
 from driver.adapters.environment import child_env
-from driver.keeper_state import (
+from driver.keeper.state import (
     KeeperError,
     Record,
-    _children,
-    _write_json,
+    children,
     discard,
     fingerprint,
     keeper_dir,
     socket_address,
+    write_json,
 )
 
 KEEPER_PY = Path(__file__).with_name("keeper.py")
@@ -136,7 +136,7 @@ async def launch(
     keeper_pid = 0
     with anyio.move_on_after(CONNECT_TIMEOUT_S):
         # No event says when bwrap has forked its pid 1: look in /proc (a few ms).
-        while not (kids := _children(bwrap.pid)) and bwrap.returncode is None:  # noqa: ASYNC110
+        while not (kids := children(bwrap.pid)) and bwrap.returncode is None:  # noqa: ASYNC110
             await anyio.sleep(0.005)
         keeper_pid = kids[0] if kids else 0
     start = containment.start_time(keeper_pid) if keeper_pid else None
@@ -145,5 +145,5 @@ async def launch(
             bwrap.kill()
         raise KeeperError("the keeper did not start")
     record = Record(bwrap.pid, keeper_pid, start, **record_fields)
-    _write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
+    write_json(folder / "record.json", {k: getattr(record, k) for k in Record.__slots__})  # type: ignore[attr-defined]
     return bwrap, record

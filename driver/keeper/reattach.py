@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver import keeper_state, kept, logs
+from driver import logs
+from driver.keeper import kept
+from driver.keeper import state as keeper_state
 from driver.queue.schema import DERIVED_KINDS
 
 log = logs.get(__name__)

@@ -12,7 +12,7 @@ No secret is persisted: the secret a driver authenticates to its keeper with is 
 record's nonce under the journal's key (`Record.secret`), which only a driver holding the control
 token can compute; the keeper got it on stdin. The fingerprint (`fingerprint`) is a keyed hash of the
 boot payload's part that configured the provider: a successor whose payload differs does not adopt the
-kept provider (driver/reattach.py).
+kept provider (driver/keeper/reattach.py).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class Turn:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     """The file's value when it is the driver's own (its MAC checks); None when absent or not."""
     try:
         data = json.loads(path.read_bytes())
@@ -182,7 +182,7 @@ def _canonical(value: Any) -> bytes:
 
 def read_record(state_dir: Path) -> Record | None:
     try:
-        raw = _read_json(keeper_dir(state_dir) / "record.json")
+        raw = read_json(keeper_dir(state_dir) / "record.json")
         return Record(**{k: raw[k] for k in Record.__slots__})  # type: ignore[attr-defined]
     except (ValueError, KeyError, TypeError):
         return None
@@ -190,7 +190,7 @@ def read_record(state_dir: Path) -> Record | None:
 
 def read_turn(state_dir: Path) -> Turn | None:
     try:
-        raw = _read_json(keeper_dir(state_dir) / "turn.json")
+        raw = read_json(keeper_dir(state_dir) / "turn.json")
         run_id = raw["run_id"]
         run = run_id if isinstance(run_id, str) else None
         extra = raw.get("extra")
@@ -205,7 +205,7 @@ def read_turn(state_dir: Path) -> Turn | None:
         return None
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
+def write_json(path: Path, value: dict[str, Any]) -> None:
     # No fsync: these files serve a driver crash, which leaves the page cache intact.
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
@@ -304,14 +304,14 @@ def replies(state_dir: Path) -> dict[Any, dict[str, Any] | None]:
     return out
 
 
-def _zombie(pid: int) -> bool:
+def zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return False
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (OSError, ValueError):
