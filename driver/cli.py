@@ -49,7 +49,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     # No cycle collection while the start allocates (imports, the journal, the dial): the kernel
     # freezes what the start built and turns the collector back on once its rooms are up.
     gc.disable()
-    from driver.undumpable import make_undumpable
+    from driver.containment import make_undumpable
 
     # First, before the payload (and its token) is in memory: same-uid processes (the agent's tools)
     # must not read /proc/<driver>/mem or environ, nor ptrace the driver.
@@ -74,7 +74,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     logs.add(_secrets(payload))
     from pathlib import Path
 
-    from driver import statelock
+    from driver.containment import statelock
 
     # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
     from driver.queue.rowmac import RowMac, derive_key
@@ -99,7 +99,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     keeper_state.use_mac(row_mac)  # the keeper's record and turn files are authenticated the same way
     keeper_state.use_payload(payload)  # a kept provider is adopted only under the payload that configured it
-    from driver.hiding import private_paths
+    from driver.containment import private_paths
 
     containment.hide(*private_paths(payload, Path(boot_path)))
     import anyio

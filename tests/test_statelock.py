@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from driver import statelock
+from driver.containment import statelock
 
 
 def test_second_acquire_names_the_holder_and_release_frees_it(tmp_path: Path) -> None:

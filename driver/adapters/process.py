@@ -9,7 +9,7 @@ caller owns the `ProviderProcess` object and must call `terminate()` when done w
 
 The process gets its own session and so its own process group (`start_new_session=True`), which lets
 the kernel SIGTERM/SIGKILL the provider together with every tool process it started. It is started
-through `driver.containment.wrap` (a PID namespace tied to the driver), so nothing it starts outlives
+through `driver.containment.wrapper.wrap` (a PID namespace tied to the driver), so nothing it starts outlives
 the driver, and recorded so that the next driver process can clean up after this one.
 """
 

@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-from driver import statelock
+from driver.containment import statelock
 from driver.queue.rowmac import UNKEYED, RowMac
 
 HANDOVER_TIMEOUT_S = 60.0

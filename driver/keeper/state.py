@@ -5,7 +5,7 @@ derived from, the fingerprint of what configured the provider), `turn.json`
 input log; and ending a recorded keeper. No I/O beyond these files and /proc.
 
 Both files carry a MAC (HMAC-SHA256 under the journal's key, driver/queue/rowmac.py), like
-`processes.json` (driver/containment.py): a file the driver did not write (an agent naming any same-uid
+`processes.json` (driver/containment/wrapper.py): a file the driver did not write (an agent naming any same-uid
 pid as the keeper, or pointing a successor at other output) is not acted on, and is reported.
 
 No secret is persisted: the secret a driver authenticates to its keeper with is the HMAC of the

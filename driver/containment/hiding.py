@@ -1,6 +1,6 @@
 """What the provider tree must not see (PROTOCOL §9), as bwrap mount arguments.
 
-The provider and everything it starts run in the mount namespace `driver.containment` creates. In it,
+The provider and everything it starts run in the mount namespace `driver.containment.wrapper` creates. In it,
 each hidden folder (`state_dir/driver/`; the boot payload's folder, as "scratch": writable) is covered
 by an empty tmpfs, and
 each visible folder that lies inside a hidden one (`state_dir` and `cwd` inside the boot folder, the
@@ -102,8 +102,8 @@ def private_paths(payload: BootPayload, boot_path: Path) -> tuple[list[Path], li
     `state_dir` itself (its `providers/` is the provider's home), `cwd`, the other roots, the
     driver's own runtime, and every existing absolute path the execution names for the provider
     (an ACP agent's command or `CODEX_HOME`, an MCP server's script, `TMPDIR`)."""
+    from driver.containment.statelock import LOCK_NAME
     from driver.kernel.options import project_root
-    from driver.statelock import LOCK_NAME
 
     session = payload.session
     state_dir = Path(session.state_dir)
@@ -116,7 +116,7 @@ def private_paths(payload: BootPayload, boot_path: Path) -> tuple[list[Path], li
         *(Path(p) for p in [session.memory_dir, *session.additional_directories] if p),
         Path(sys.prefix),
         Path(sys.base_prefix),
-        Path(__file__).resolve().parent,
+        Path(__file__).resolve().parents[1],  # the driver package itself
         project_root(),
         *_named_paths(payload.execution),
     ]

@@ -11,16 +11,16 @@ Two mechanisms, one per way a driver can end:
   pid 2 under bwrap's init, so a SIGTERM sent to the provider's process group still reaches it (a pid 1
   would ignore it). PDEATHSIG fires when the *thread* that forked the child exits: every spawn happens
   on the event loop's thread (asyncio forks there), never in a worker thread.
-  Where namespaces are forbidden, the fallback is `driver/subreaper.py`: a child subreaper holding the
+  Where namespaces are forbidden, the fallback is `driver/containment/subreaper.py`: a child subreaper holding the
   provider, which gets SIGTERM when the driver dies (PR_SET_PDEATHSIG) and then SIGKILLs its whole
   tree, orphans reparented to it included. `AGENT_DRIVER_CONTAINMENT=pidns|subreaper|pdeathsig|none`
   forces a mode (benchmarks, tests); `pdeathsig` (`setpriv --pdeathsig KILL`) covers the provider only.
 - **Cleaning up after a predecessor.** Every process spawned through here is recorded, and what a
-  dead predecessor recorded is killed before the next provider starts: `driver.process_record`, whose
+  dead predecessor recorded is killed before the next provider starts: `driver.containment.record`, whose
   functions are re-exported here (`track`, `started`, `ended`, `start_time`, the findings).
 
 This module chooses the wrapper (probing what the machine allows, with the hiding mounts of
-`driver.hiding`) and signals what it wraps.
+`driver.containment.hiding`) and signals what it wraps.
 """
 
 from __future__ import annotations
@@ -38,19 +38,6 @@ from typing import Any
 
 from driver import logs
 
-# The record's half of containment, under the names its callers use (driver/keeper/kept.py, the keeper's state).
-from driver.process_record import (
-    RECORD_NAME,
-    ProcessRecord,
-    ended,
-    reap,
-    report,
-    start_time,
-    started,
-    take_findings,
-    track,
-)
-
 log = logs.get("driver.containment")
 
 ENV_MODE = "AGENT_DRIVER_CONTAINMENT"
@@ -59,29 +46,23 @@ MODES = ("auto", "pidns", "subreaper", "pdeathsig", "none")
 __all__ = [
     "ENV_MODE",
     "MODES",
-    "RECORD_NAME",
-    "ProcessRecord",
-    "ended",
     "exit_status",
     "hide",
     "kill_group",
     "mode_of",
+    "pdeathsig_prefix",
+    "pidns_prefix",
     "prefix",
-    "reap",
-    "report",
-    "start_time",
-    "started",
     "state_visible",
+    "subreaper_prefix",
     "take_degraded",
-    "take_findings",
-    "track",
     "wrap",
     "wrap_async",
 ]
 
 _prefix: list[str] | None = None
 _prefix_lock = threading.Lock()
-# What the provider tree must not see and what it must (driver.hiding), set by `hide` before the
+# What the provider tree must not see and what it must (driver.containment.hiding), set by `hide` before the
 # first provider starts; the mount plan is made with the prefix, once.
 _private: tuple[list[Path], list[Path], list[Path]] = ([], [], [])
 _degraded: list[dict[str, Any]] = []
@@ -94,7 +75,7 @@ def hide(
     scratch: Iterable[Path | str | None] = (),
 ) -> None:
     """Ask for `hidden` (read-only) and `scratch` (writable) to be covered in the provider's mount
-    namespace, `visible` kept (PROTOCOL §9; driver/hiding.py). Called once, before the first
+    namespace, `visible` kept (PROTOCOL §9; driver/containment/hiding.py). Called once, before the first
     provider starts (the prefix is chosen then)."""
     global _private
     _private = ([Path(p) for p in hidden if p], [Path(p) for p in visible if p], [Path(p) for p in scratch if p])
@@ -138,7 +119,7 @@ def _probe(prefix: list[str]) -> bool:
 def _with_mounts(prefix: list[str]) -> list[str] | None:
     """`prefix` with the hiding mounts before its `--`, probed; reports what stays visible. One probe
     when the mounts work (the usual case); the bare prefix is probed only when they do not."""
-    from driver import hiding
+    from driver.containment import hiding
 
     hidden, visible, scratch = _private
     plan = hiding.plan(hidden, visible, scratch) if hidden else hiding.Plan()
@@ -177,7 +158,7 @@ def _report_degraded(reason: str, mode: str, items: list[dict[str, str]] | None 
     log.warning("containment.degraded", reason=reason, mode=mode, visible=[i["path"] for i in visible])
 
 
-def _pidns_prefix() -> list[str] | None:
+def pidns_prefix() -> list[str] | None:
     bwrap = shutil.which("bwrap")
     env = shutil.which("env")
     if bwrap is None or env is None:
@@ -213,14 +194,14 @@ def _pidns_prefix() -> list[str] | None:
     return _with_mounts(prefix)
 
 
-def _subreaper_prefix() -> list[str]:
+def subreaper_prefix() -> list[str]:
     # `-I`: the helper needs only the standard library, and nothing from the environment.
     import sys
 
     return [sys.executable, "-I", str(Path(__file__).with_name("subreaper.py")), str(os.getpid())]
 
 
-def _pdeathsig_prefix() -> list[str] | None:
+def pdeathsig_prefix() -> list[str] | None:
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
 
@@ -235,11 +216,11 @@ def prefix() -> list[str]:
                 raise ValueError(f"{ENV_MODE} must be one of {', '.join(MODES)}, not {mode!r}")
             chosen: list[str] | None = None
             if mode in ("auto", "pidns"):
-                chosen = _pidns_prefix()
+                chosen = pidns_prefix()
             if chosen is None and mode in ("auto", "subreaper"):
-                chosen = _subreaper_prefix()
+                chosen = subreaper_prefix()
             if chosen is None and mode == "pdeathsig":
-                chosen = _pdeathsig_prefix()
+                chosen = pdeathsig_prefix()
             _prefix = chosen or []
             if mode_of(_prefix) != "pidns":
                 _report_degraded("no mount namespace is allowed here", mode_of(_prefix))

@@ -1,12 +1,12 @@
 """Cleaning up after a predecessor (PROTOCOL §8): the record of what this driver process started.
 
 The pid, process group and start time (field 22 of `/proc/<pid>/stat`) of every process spawned
-through `driver.containment` are recorded in `state_dir/driver/processes.json`. A new driver process,
+through `driver.containment.wrapper` are recorded in `state_dir/driver/processes.json`. A new driver process,
 holding the `state_dir` lock, kills what is recorded there before it starts its own provider: a leader
 only when its start time still matches (so a reused pid is never signalled), and members of a recorded
 group whose leader is gone only when they started after it.
 
-The other half of containment, the wrapper every provider dies with, is `driver.containment`, which
+The other half of containment, the wrapper every provider dies with, is `driver.containment.wrapper`, which
 re-exports this module's functions under its own name (its callers predate the split).
 """
 

@@ -1,5 +1,5 @@
 """A subreaper that holds one provider and dies with the driver, taking everything the provider
-started with it (driver.containment's fallback where PID namespaces are forbidden; PROTOCOL §8).
+started with it (driver.containment.wrapper's fallback where PID namespaces are forbidden; PROTOCOL §8).
 
 Run as `python -I subreaper.py DRIVER_PID ARGV...` (standard library only, so `-I` is enough). It marks
 itself a child subreaper (orphans of its tree, like `setsid` tools, are reparented to it instead of

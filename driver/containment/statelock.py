@@ -65,7 +65,7 @@ def acquire(state_dir: Path, mac: RowMac = UNKEYED) -> StateLock:
         raise StateDirLocked(state_dir, _holder(path)) from None
     # Only the holder writes, and only after it holds the lock: the pid read by a loser is the
     # holder's (or empty in the instant between the holder's flock and this write).
-    from driver.process_record import start_time
+    from driver.containment.record import start_time
 
     pid = os.getpid()
     start = start_time(pid) or 0
@@ -96,7 +96,7 @@ def _holder(path: Path) -> int | None:
 def verified_holder(state_dir: Path, mac: RowMac) -> int | None:
     """The holder's pid when the lock file is the driver's own (its MAC checks) and names a process that
     is still that one (the same start time) and runs the driver (`driver.cli run`); else None."""
-    from driver.process_record import start_time
+    from driver.containment.record import start_time
 
     fields = _fields(state_dir / LOCK_NAME)
     if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
