@@ -64,7 +64,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     except boot_mod.BootError as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return exc.exit_code
-    from driver.link import TransportRefused, check_transport
+    from driver.net.link import TransportRefused, check_transport
 
     try:
         check_transport(payload.control)
@@ -104,7 +104,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     containment.hide(*private_paths(payload, Path(boot_path)))
     import anyio
 
-    from driver.kernel import Kernel
+    from driver.kernel.core import Kernel
 
     try:
         try:

@@ -37,7 +37,7 @@ from driver.adapters.acp_terminal import TerminalError
 from driver.adapters.acp_turn import AcpTurn
 from driver.adapters.base import PermissionDecision, ProviderError, SteerRefused, TurnOutcome
 from driver.adapters.jsonrpc import JsonRpcError, PeerClosed
-from driver.capabilities import BY_RUNTIME
+from driver.protocol.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
@@ -46,7 +46,7 @@ log = logs.get(__name__)
 
 class AcpAdapter(AcpResumer):
     runtime: ClassVar[str] = "acp"
-    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    # Declared once, in driver/protocol/capabilities.py, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["acp"]
 
     # ---- one turn ---------------------------------------------------------------------------

@@ -54,8 +54,8 @@ from driver.adapters.claude_turn import (
     user_message,
 )
 from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
-from driver.capabilities import BY_RUNTIME
 from driver.ports.mcp_host import McpHostServer
+from driver.protocol.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 
 INTERRUPT_TIMEOUT_S = 5.0
@@ -66,7 +66,7 @@ STEER_ORPHAN_S = 3.0
 
 class ClaudeAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    # Declared once, in driver/protocol/capabilities.py, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["claude-agent-sdk"]
 
     def __init__(self, config: AdapterConfig, ports: Ports) -> None:

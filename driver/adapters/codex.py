@@ -48,8 +48,8 @@ from driver.adapters.codex_process import CodexProcess, watch_exit
 from driver.adapters.codex_thread import RUNTIME
 from driver.adapters.codex_turn import CodexTurn, FileTouched
 from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, PeerClosed
-from driver.capabilities import BY_RUNTIME
 from driver.ports.mcp_host import McpHostServer
+from driver.protocol.capabilities import BY_RUNTIME
 from driver.protocol.commands import RunInput
 from driver.telemetry import tracing
 
@@ -58,7 +58,7 @@ log = logs.get(__name__)
 
 class CodexAdapter(Adapter):
     runtime: ClassVar[str] = RUNTIME
-    # Declared once, in driver/capabilities.py, so `hello` can state them without importing this module.
+    # Declared once, in driver/protocol/capabilities.py, so `hello` can state them without importing this module.
     capabilities: ClassVar[frozenset[str]] = BY_RUNTIME["openai-app-server"]
     start_timeout: float = 30.0
     stop_grace: float = 3.0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from driver.protocol.events import RUN_TERMINALS, EventKind
 
 if TYPE_CHECKING:
-    from driver.runs import Run  # not imported before the first hello (driver/kernel/core.py)
+    from driver.kernel.runs import Run  # not imported before the first hello (driver/kernel/core.py)
 
 HOST_TOOL_CALLED = "host_tool.called"  # run-scoped, but stamped with the run its payload names
 

@@ -1,7 +1,7 @@
 """What the driver says about itself (PROTOCOL §4.2, §4.4), built without I/O: the capabilities it
 states, the `hello` that opens every connection and the `heartbeat` that follows.
 
-The capabilities are static per runtime (driver/capabilities.py), so `hello` is built before the
+The capabilities are static per runtime (driver/protocol/capabilities.py), so `hello` is built before the
 adapter's module (and its SDK) is imported; `reattach` is stated only where it can work.
 """
 
@@ -11,9 +11,9 @@ import os
 from typing import Any
 
 from driver import __version__
-from driver.capabilities import ALL as CAPABILITIES
-from driver.capabilities import capabilities_of, capability_mode
 from driver.protocol.boot import BootPayload
+from driver.protocol.capabilities import ALL as CAPABILITIES
+from driver.protocol.capabilities import capabilities_of, capability_mode
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
     Capability,

@@ -14,8 +14,8 @@ from driver import guard, logs
 from driver.adapters.base import ProviderError, TurnOutcome
 from driver.keeper import reattach
 from driver.kernel.runpath import STATUS_OF
+from driver.kernel.runs import Run
 from driver.protocol.frames import CommandError
-from driver.runs import Run
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel

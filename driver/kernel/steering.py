@@ -21,7 +21,7 @@ from driver.protocol.frames import CommandError
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
-    from driver.runs import Run
+    from driver.kernel.runs import Run
 
 log = logs.get("driver.kernel.steering")
 

@@ -26,7 +26,7 @@ from driver.protocol.boot import ExecutionConfig
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
-    from driver.runs import Run
+    from driver.kernel.runs import Run
 
 log = logs.get("driver.model_proxy")
 

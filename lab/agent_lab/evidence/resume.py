@@ -190,7 +190,7 @@ async def driver_killed(rig: Rig, runtime: str, s: Story) -> Case:
 
 
 async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
-    from driver.capabilities import capabilities_of
+    from driver.protocol.capabilities import capabilities_of
 
     if "reattach" not in capabilities_of(runtime):
         return not_measured(s.case, f"{runtime} declares reattach unsupported (docs/protocol.md, the keeper)")

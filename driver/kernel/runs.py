@@ -14,7 +14,7 @@ from typing import Any, Literal
 import anyio
 
 from driver.adapters.base import Adapter, ProviderError, TurnOutcome
-from driver.side_effects import TreeSnapshot
+from driver.kernel.side_effects import TreeSnapshot
 
 CancelPhase = Literal["interrupt", "terminate", "kill"]
 

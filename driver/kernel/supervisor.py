@@ -27,8 +27,8 @@ import anyio
 
 from driver import containment, guard, logs
 from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+from driver.kernel.supervision import CrashWindow
 from driver.protocol.commands import RunInput
-from driver.supervision import CrashWindow
 from driver.tasks import Tasks
 
 log = logs.get("driver.supervisor")
