@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from driver.adapters.base import ProviderError, TurnOutcome
+from driver.adapters.common.base import ProviderError, TurnOutcome
 from driver.kernel.runs import Run, choose_terminal, declined_tool_events
 from driver.protocol.events import validate_payload
 

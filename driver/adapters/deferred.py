@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import anyio
 
-from driver.adapters.base import Adapter, AdapterConfig, Ports, TurnOutcome
+from driver.adapters.common.base import Adapter, AdapterConfig, Ports, TurnOutcome
 from driver.adapters.registry import adapter_class
 from driver.protocol.capabilities import capabilities_of
 from driver.protocol.commands import RunInput

@@ -1,6 +1,6 @@
 """A provider process held by a keeper (driver/keeper/keeper.py, PROTOCOL §8.2), seen from the driver.
 
-`KeptProcess` has the surface the adapters use from `driver.adapters.process.ProviderProcess` (stdin
+`KeptProcess` has the surface the adapters use from `driver.adapters.common.process.ProviderProcess` (stdin
 send stream, stdout receive stream, pid/pgid, `exited`, `wait`, `signal_group`, `terminate`,
 `stderr_tail`), over the keeper's Unix socket. `spawn()` starts a keeper (driver/keeper/launch.py)
 and through it the provider, in a PID namespace of its own that does not die with this driver;

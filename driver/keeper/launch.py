@@ -19,8 +19,8 @@ import anyio
 import anyio.abc
 
 from driver import containment
-from driver.adapters.base import ProviderError
-from driver.adapters.environment import child_env
+from driver.adapters.common.base import ProviderError
+from driver.adapters.common.environment import child_env
 from driver.keeper.state import (
     KeeperError,
     Record,
@@ -122,7 +122,7 @@ async def launch(
     config = {
         "secret": Record(0, 0, 0, **record_fields).secret,
         "argv": argv,
-        "env": child_env(env),  # the provider's, by value (driver/adapters/environment.py)
+        "env": child_env(env),  # the provider's, by value (driver/adapters/common/environment.py)
         "cwd": str(cwd),
         "grace_ms": grace_ms,
         "log_max_bytes": log_max_bytes,

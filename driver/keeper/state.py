@@ -156,7 +156,7 @@ class Turn:
     offset: int
     in_offset: int = 0  # the input log's size when the turn was marked, just before its turn/start
     # What else the adapter's successor needs, the adapter's own (ACP: its initialize answer, the
-    # session's cost and state before the turn: driver/adapters/acp_reattach.py).
+    # session's cost and state before the turn: driver/adapters/acp/reattach.py).
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -46,7 +46,7 @@ from driver.queue.rowmac import RowMac, derive_key
 
 if TYPE_CHECKING:
     # The rooms are imported by `driver.kernel.rooms` once the first hello is out (see `serve`).
-    from driver.adapters.base import Adapter, Ports
+    from driver.adapters.common.base import Adapter, Ports
     from driver.checkpoints.recorder import Checkpointer
     from driver.kernel.commands import CommandDesk
     from driver.kernel.lifecycle import Lifecycle

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from driver import guard, logs
-from driver.adapters.base import ProviderError, TurnOutcome
+from driver.adapters.common.base import ProviderError, TurnOutcome
 from driver.keeper import reattach
 from driver.kernel.runpath import STATUS_OF
 from driver.kernel.runs import Run

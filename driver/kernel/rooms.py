@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from driver.adapters.base import Ports
+from driver.adapters.common.base import Ports
 from driver.checkpoints.recorder import Checkpointer
 from driver.kernel.commands import CommandDesk
 from driver.kernel.lifecycle import Lifecycle

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from driver import guard, logs
-from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
+from driver.adapters.common.base import PathNotAllowed, ProviderError, TurnOutcome
 from driver.kernel import escalation, side_effects
 from driver.kernel.queued import RunQueue
 from driver.kernel.reports import RunReports
@@ -264,7 +264,7 @@ class RunPath:
     async def prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
         """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
         the one channel every runtime reads); the attachments stay on the input, so an adapter can
-        also hand images (and texts) to its runtime natively (driver/adapters/attachments.py)."""
+        also hand images (and texts) to its runtime natively (driver/adapters/common/attachments.py)."""
         if not run_input.attachments:
             return run_input
         k = self.k

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import anyio
 
-from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+from driver.adapters.common.base import Adapter, ProviderError, TurnOutcome
 from driver.kernel.side_effects import TreeSnapshot
 
 CancelPhase = Literal["interrupt", "terminate", "kill"]

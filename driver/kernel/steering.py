@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from driver import logs, tasks
-from driver.adapters.base import ProviderError, SteerRefused
+from driver.adapters.common.base import ProviderError, SteerRefused
 from driver.protocol import commands as cmds
 from driver.protocol.frames import CommandError
 

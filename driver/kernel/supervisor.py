@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from driver import containment, guard, logs
-from driver.adapters.base import Adapter, ProviderError, TurnOutcome
+from driver.adapters.common.base import Adapter, ProviderError, TurnOutcome
 from driver.kernel.supervision import CrashWindow
 from driver.protocol.commands import RunInput
 from driver.tasks import Tasks

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import containment, logs, tasks
-from driver.adapters.environment import provider_env
+from driver.adapters.common.environment import provider_env
 from driver.interfaces import PathNotAllowed
 from driver.processes import handle
 from driver.processes import spawn as spawning

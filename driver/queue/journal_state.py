@@ -17,8 +17,8 @@ from driver.queue import asked
 from driver.queue.schema import RUNS_KEPT, TRANSCRIPT_MAX_BYTES
 
 if TYPE_CHECKING:
-    from driver.queue.journal import _Transaction
     from driver.queue.rowmac import RowMac
+    from driver.queue.transaction import Transaction
 
 
 class EndedRun(msgspec.Struct, frozen=True):
@@ -37,7 +37,7 @@ class JournalState:
 
     if TYPE_CHECKING:
 
-        def _tx(self) -> _Transaction: ...
+        def _tx(self) -> Transaction: ...
         def _set_aside(self, table: str, key: object, reason: str, values: tuple[object, ...]) -> None: ...
 
     # -- runs ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import anyio
 
 from driver import logs
-from driver.adapters.base import Adapter, ProviderError
+from driver.adapters.common.base import Adapter, ProviderError
 from driver.kernel.runs import Run
 from driver.protocol.events import RUN_TERMINALS
 from driver.protocol.frames import HeartbeatActivity

@@ -35,9 +35,9 @@ def test_kernel_import_does_not_load_any_provider_sdk() -> None:
 
 def test_the_claude_adapter_does_not_load_the_claude_sdk_or_mcp() -> None:
     """Issue 35: importing `claude_agent_sdk` cost the driver 43 MB (its `mcp` and pydantic models);
-    the adapter speaks the CLI's wire itself (driver/adapters/claude_client.py)."""
+    the adapter speaks the CLI's wire itself (driver/adapters/claude/client.py)."""
     code = (
-        "import sys, driver.adapters.claude\n"
+        "import sys, driver.adapters.claude.adapter\n"
         "print(','.join(m for m in ('claude_agent_sdk', 'mcp', 'pydantic', 'jsonschema') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -208,7 +208,7 @@ async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, 
 @pytest.mark.provider
 async def test_the_continued_codex_calls_host_tools_at_the_address_it_was_given(tmp_path: Path, fakes: Fakes) -> None:
     """Codex keeps the host MCP server's URL and token it was started with: the new driver serves them
-    (driver/adapters/host_server.py), so a host tool called after the reattach reaches the CP."""
+    (driver/adapters/common/host_server.py), so a host tool called after the reattach reaches the CP."""
     state = tmp_path / "state"
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 
