@@ -17,7 +17,7 @@ EX_SOFTWARE = 70  # an internal error escaped every unit (the journal keeps what
 class RunArgs(NamedTuple):
     boot_file: str | None = None
     log_level: str = "info"
-    handover: bool = False  # take the state_dir over from its running driver (driver/handover.py)
+    handover: bool = False  # take the state_dir over from its running driver (driver/keeper/handover.py)
 
 
 def _run_args(argv: list[str]) -> RunArgs | None:
@@ -49,7 +49,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     # No cycle collection while the start allocates (imports, the journal, the dial): the kernel
     # freezes what the start built and turns the collector back on once its rooms are up.
     gc.disable()
-    from driver.undumpable import make_undumpable
+    from driver.containment import make_undumpable
 
     # First, before the payload (and its token) is in memory: same-uid processes (the agent's tools)
     # must not read /proc/<driver>/mem or environ, nor ptrace the driver.
@@ -64,7 +64,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     except boot_mod.BootError as exc:
         print(f"agent-driver: {exc}", file=sys.stderr)
         return exc.exit_code
-    from driver.link import TransportRefused, check_transport
+    from driver.net.link import TransportRefused, check_transport
 
     try:
         check_transport(payload.control)
@@ -74,7 +74,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     logs.add(_secrets(payload))
     from pathlib import Path
 
-    from driver import statelock
+    from driver.containment import statelock
 
     # Before anything else under state_dir is touched (the journal increments the epoch): PROTOCOL §8.
     from driver.queue.rowmac import RowMac, derive_key
@@ -83,7 +83,7 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
     row_mac = RowMac(derive_key(payload.control.token, payload.driver_instance_id))
     try:
         if getattr(args, "handover", False):
-            from driver.handover import take_over
+            from driver.keeper.handover import take_over
 
             lock = take_over(Path(payload.session.state_dir), mac=row_mac)
         else:
@@ -95,16 +95,16 @@ def _run(args: RunArgs | argparse.Namespace) -> int:
 
     # What a previous process for this state_dir left behind dies before our own provider starts.
     containment.track(Path(payload.session.state_dir), row_mac)
-    from driver import keeper_state
+    from driver.keeper import state as keeper_state
 
     keeper_state.use_mac(row_mac)  # the keeper's record and turn files are authenticated the same way
     keeper_state.use_payload(payload)  # a kept provider is adopted only under the payload that configured it
-    from driver.hiding import private_paths
+    from driver.containment import private_paths
 
     containment.hide(*private_paths(payload, Path(boot_path)))
     import anyio
 
-    from driver.kernel import Kernel
+    from driver.kernel.core import Kernel
 
     try:
         try:

@@ -12,7 +12,7 @@ One redactor, one rule: `REDACTOR` holds every secret the driver knows (the cont
 value of `execution.environment`, MCP header values, the host MCP server's token, provider
 placeholders: `add()`), and replaces each wherever it appears in any string of a record, in dict
 keys, in `bytes` (decoded before anything encodes them) and in the `repr` of any other object. The
-provider stderr tail (driver/adapters/process.py) and the Claude adapter's messages use the same
+provider stderr tail (driver/adapters/common/process.py) and the Claude adapter's messages use the same
 `redact()`.
 """
 

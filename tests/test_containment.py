@@ -12,7 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import containment, process_record
+from driver import containment
+from driver.containment import record as process_record
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The mount plan that hides the driver's state from the provider tree (driver/hiding.py), and bwrap
+"""The mount plan that hides the driver's state from the provider tree (driver/containment/hiding.py), and bwrap
 applying it, as root and as an unprivileged uid (PROTOCOL §9)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from driver import hiding
+from driver.containment import hiding
 
 
 def layout(tmp_path: Path) -> dict[str, Path]:
@@ -107,7 +107,7 @@ def test_bwrap_hides_the_driver_state_and_keeps_the_work(
 def test_mounts_bwrap_refuses_keep_the_pid_namespace_and_are_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from driver import containment
+    from driver.containment import wrapper as containment
 
     (tmp_path / "driver").mkdir()
     monkeypatch.setattr(containment, "_private", ([tmp_path / "driver"], [], []))

@@ -1,6 +1,6 @@
-"""The keeper (driver/keeper.py) and its driver side (driver/kept.py) with a small shell provider: the
+"""The keeper (driver/keeper/keeper.py) and its driver side (driver/keeper/kept.py) with a small shell provider: the
 secret is required, a second driver replaces the first, output is replayed from any logged offset, the
-input log names what was answered, the grace ends the tree, and the replay gate's rule (driver/reattach.py).
+input log names what was answered, the grace ends the tree, and the replay gate's rule (driver/keeper/reattach.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import keeper_state, kept, reattach
-from driver.kept import KeeperError, KeptProcess
+from driver.keeper import kept, reattach
+from driver.keeper import state as keeper_state
+from driver.keeper.kept import KeeperError, KeptProcess
 
 ECHO = ["/bin/sh", "-c", 'while read -r l; do echo "got:$l"; done']
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -185,7 +186,7 @@ def test_the_plan_continues_only_a_sent_turn_of_an_active_run_and_ends_an_unusab
     import subprocess
 
     from driver import containment
-    from driver.keeper_state import _write_json
+    from driver.keeper.state import write_json
 
     sleeper = subprocess.Popen(["sleep", "60"])  # stands for a keeper: alive, verifiable by start time
     try:
@@ -194,10 +195,10 @@ def test_the_plan_continues_only_a_sent_turn_of_an_active_run_and_ends_an_unusab
         folder = kept.keeper_dir(tmp_path)
         folder.mkdir(parents=True)
         record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "nonce": "00" * 16}
-        _write_json(
+        write_json(
             folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
         )
-        _write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "th-1", "offset": 10, "in_offset": 5})
+        write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "th-1", "offset": 10, "in_offset": 5})
         (folder / "in.log").write_bytes(b'{"id": 4, "method": "turn/start"}\n')
 
         plan = reattach.prepare(tmp_path, "openai-app-server", 1000, ["run-1"])
@@ -286,7 +287,7 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
         folder.mkdir(parents=True)
         record = {"bwrap_pid": 0, "keeper_pid": sleeper.pid, "keeper_start": start, "nonce": "00" * 16}
         keeper_state.use_mac(RowMac(derive_key("token", "inst")))
-        keeper_state._write_json(
+        keeper_state.write_json(
             folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
         )
         assert kept.read_record(tmp_path) is not None  # the driver's own file passes
@@ -299,7 +300,7 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
         )  # no MAC
         assert reattach.prepare(tmp_path, "claude-agent-sdk", 1000, ["run-1"]) is None
         assert sleeper.poll() is None, "a forged record made the driver kill a process"
-        keeper_state._write_json(
+        keeper_state.write_json(
             folder / "record.json", record | {"runtime": "openai-app-server", "fingerprint": keeper_state.fingerprint()}
         )
         keeper_state.use_mac(RowMac(derive_key("other", "inst")))  # another key: not this driver's
@@ -308,7 +309,7 @@ def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) 
             ("keeper", "record.json", "mac")
         ] * 3
         # turn.json names the run a successor continues and the output it re-reads: the same check.
-        keeper_state._write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "t", "offset": 0})
+        keeper_state.write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "t", "offset": 0})
         assert kept.read_turn(tmp_path) is not None
         (folder / "turn.json").write_text(json.dumps({"run_id": "run-9", "thread_id": "t", "offset": 0}))
         assert kept.read_turn(tmp_path) is None
@@ -366,7 +367,7 @@ async def test_a_keeper_configured_by_another_payload_is_not_adopted(tmp_path: P
         assert reattach.prepare(tmp_path, "test", 1000, ["run-1"]) is None
         assert kept.read_record(tmp_path) is None
         with anyio.fail_after(5):
-            while record.alive() and not kept._zombie(record.keeper_pid):  # noqa: ASYNC110 (polling /proc)
+            while record.alive() and not keeper_state.zombie(record.keeper_pid):  # noqa: ASYNC110 (polling /proc)
                 await anyio.sleep(0.02)
     finally:
         keeper_state.use_payload(payload("gpt-a"))

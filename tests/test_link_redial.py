@@ -1,4 +1,4 @@
-"""The link's redial loop (driver/link.py `Link.run`) under tenacity, without sockets: the first dial is
+"""The link's redial loop (driver/net/link.py `Link.run`) under tenacity, without sockets: the first dial is
 tenacity's first attempt, each delay is the link core's (full jitter on the injected RNG), a fatal close
 code ends the loop with its reaction, and an exception in a dial is contained and redialed."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver.link import Link, LinkHooks
+from driver.net.link import Link, LinkHooks
 from driver.protocol.backoff import full_jitter
 from driver.protocol.boot import ControlConfig
 from driver.protocol.link import CLOSE_CODES, TRANSIENT, CloseReaction, LinkCore

@@ -1,4 +1,4 @@
-"""The link's sender (driver/link.py): a journaled batch goes out without waiting for another turn of
+"""The link's sender (driver/net/link.py): a journaled batch goes out without waiting for another turn of
 the event loop, and the sender still yields after every batch, so a replayed backlog shares the loop
 with receipts, heartbeats and the watchdog."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from driver.link import Link, LinkHooks
+from driver.net.link import Link, LinkHooks
 from driver.protocol.boot import ControlConfig
 from driver.protocol.frames import Welcome
 from driver.queue.journal import Journal

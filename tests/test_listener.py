@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from driver.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply
+from driver.net.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply
 
 SMALL = Limits(
     max_connections=4,

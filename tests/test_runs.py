@@ -1,4 +1,4 @@
-"""The choice of a run's one terminal, as a table (driver/runs.py)."""
+"""The choice of a run's one terminal, as a table (driver/kernel/runs.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from driver.adapters.base import ProviderError, TurnOutcome
+from driver.adapters.common.base import ProviderError, TurnOutcome
+from driver.kernel.runs import Run, choose_terminal, declined_tool_events
 from driver.protocol.events import validate_payload
-from driver.runs import Run, choose_terminal, declined_tool_events
 
 DONE = TurnOutcome("completed", final_message_id="m1", final_message_text="hi", usage={"output_tokens": 3})
 PROVIDER_CANCELLED = TurnOutcome("cancelled", stop_reason="cancelled")

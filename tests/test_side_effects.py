@@ -1,4 +1,4 @@
-"""driver.side_effects: the cwd scan and its diff, and the process tree reader."""
+"""driver.kernel.side_effects: the cwd scan and its diff, and the process tree reader."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from driver import side_effects
+from driver.kernel import side_effects
 
 
 def test_files_changed_names_created_modified_and_deleted(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from driver import statelock
+from driver.containment import statelock
 
 
 def test_second_acquire_names_the_holder_and_release_frees_it(tmp_path: Path) -> None:
     lock = statelock.acquire(tmp_path / "state")
-    # The holder's pid leads the line (then its start time and a MAC, for --handover: driver/handover.py).
+    # The holder's pid leads the line (then its start time and a MAC, for --handover: driver/keeper/handover.py).
     assert (tmp_path / "state" / statelock.LOCK_NAME).read_text().split()[0] == str(os.getpid())
     # flock is per open file description: a second open in this process conflicts like another process.
     with pytest.raises(statelock.StateDirLocked) as info:

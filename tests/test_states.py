@@ -1,4 +1,4 @@
-"""The driver's state table (driver/states.py): allowed and refused transitions."""
+"""The driver's state table (driver/kernel/states.py): allowed and refused transitions."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import get_args
 
 import pytest
 
+from driver.kernel.states import TRANSITIONS, InvalidTransition, State, StateMachine, Trigger
 from driver.protocol.frames import DriverStateName
-from driver.states import TRANSITIONS, InvalidTransition, State, StateMachine, Trigger
 
 STATES: tuple[State, ...] = get_args(State)
 TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.undumpable import is_dumpable
+from driver.containment.undumpable import is_dumpable
 
 from .test_boot import TOKEN, payload
 
@@ -102,10 +102,10 @@ def _wait(condition: object, timeout: float = 60.0) -> bool:
 
 def test_provider_children_stay_dumpable() -> None:
     """The flag is reset by execve: a child process (a provider) is a normal process."""
-    child = "from driver.undumpable import is_dumpable; print(is_dumpable())"
+    child = "from driver.containment.undumpable import is_dumpable; print(is_dumpable())"
     code = (
         "import subprocess, sys\n"
-        "from driver.undumpable import make_undumpable, is_dumpable\n"
+        "from driver.containment.undumpable import make_undumpable, is_dumpable\n"
         "make_undumpable()\n"
         "assert not is_dumpable()\n"
         f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout.strip())\n"

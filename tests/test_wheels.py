@@ -111,7 +111,7 @@ def test_the_daemon_declares_exactly_what_it_imports(wheels: tuple[Path, Path]) 
     core = {distribution_of(m) for m in imports if m not in optional}
     extra = {distribution_of(m) for m in optional}
     # Not imported but run: the Claude Code CLI that claude-agent-sdk ships (the driver speaks its wire).
-    from driver.adapters.claude_options import bundled_cli
+    from driver.adapters.claude.options import bundled_cli
 
     cli = bundled_cli()
     assert cli is not None and distribution_of("claude_agent_sdk") == "claude-agent-sdk"

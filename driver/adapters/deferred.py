@@ -12,9 +12,9 @@ from typing import ClassVar
 
 import anyio
 
-from driver.adapters.base import Adapter, AdapterConfig, Ports, TurnOutcome
+from driver.adapters.common.base import Adapter, AdapterConfig, Ports, TurnOutcome
 from driver.adapters.registry import adapter_class
-from driver.capabilities import capabilities_of
+from driver.protocol.capabilities import capabilities_of
 from driver.protocol.commands import RunInput
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from driver.adapters.base import Adapter
+from driver.adapters.common.base import Adapter
 
 ADAPTERS: dict[str, str] = {
-    "claude-agent-sdk": "driver.adapters.claude:ClaudeAdapter",
-    "openai-app-server": "driver.adapters.codex:CodexAdapter",
-    "acp": "driver.adapters.acp:AcpAdapter",
+    "claude-agent-sdk": "driver.adapters.claude.adapter:ClaudeAdapter",
+    "openai-app-server": "driver.adapters.codex.adapter:CodexAdapter",
+    "acp": "driver.adapters.acp.adapter:AcpAdapter",
 }
 
 

@@ -87,7 +87,7 @@ def _base36(n: int) -> str:
 
 def layout_for(execution: ExecutionConfig, provider_dir: Path) -> Layout | None:
     """The layout of the runtime `execution` runs, with its home as the driver configures it
-    (driver/adapters/claude_options.py, codex_files.py; an ACP agent's from its environment), or None
+    (driver/adapters/claude/options.py, codex_files.py; an ACP agent's from its environment), or None
     for an ACP agent whose layout the driver does not know."""
     env = execution.environment
     if execution.runtime == "claude-agent-sdk":

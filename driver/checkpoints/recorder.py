@@ -40,7 +40,7 @@ def read_file(home: Path, rel: str) -> bytes:
         size = os.fstat(fd).st_size
         if size > chunks.MAX_CHECKPOINT_BYTES:
             raise CheckpointError(f"{rel}: {size} bytes, over the {chunks.MAX_CHECKPOINT_BYTES}-byte limit")
-        return b"".join(source._read(fd, rel, 0, size, source.READ_BYTES))
+        return b"".join(source.read_pieces(fd, rel, 0, size, source.READ_BYTES))
     finally:
         os.close(fd)
 
@@ -95,7 +95,7 @@ class Checkpointer:
             log.info("checkpoint.no_files", native_ref=ref)
             return None
         if self._secrets is None:
-            from driver.adapters.process import secret_values
+            from driver.adapters.common.process import secret_values
 
             self._secrets = [s.encode() for s in secret_values(k.boot.execution.environment)]
         secrets = self._secrets

@@ -97,7 +97,7 @@ def survey(home: Path, names: list[str]) -> list[Found]:
     return found
 
 
-def _read(fd: int, rel: str, start: int, end: int, step: int) -> Iterator[bytes]:
+def read_pieces(fd: int, rel: str, start: int, end: int, step: int) -> Iterator[bytes]:
     at = start
     while at < end:
         piece = os.pread(fd, min(step, end - at), at)
@@ -133,7 +133,7 @@ def digest(home: Path, found: Found, sent: chunks.Sent | None, secrets: list[byt
         prefix = whole.copy() if prefix_at == 0 else None
         scan = _Scan(secrets)
         at = 0
-        for piece in _read(fd, found.rel, 0, found.size, READ_BYTES):
+        for piece in read_pieces(fd, found.rel, 0, found.size, READ_BYTES):
             if prefix_at is not None and at < prefix_at < at + len(piece):
                 whole.update(piece[: prefix_at - at])
                 prefix = whole.copy()
@@ -164,7 +164,7 @@ class Pieces:
         self._hash = facts.prefix.copy()
         self._scan = _Scan(secrets)
         start = facts.offset or 0
-        self._iter = _read(self._fd, facts.rel, start, facts.size, step)
+        self._iter = read_pieces(self._fd, facts.rel, start, facts.size, step)
 
     def next(self) -> bytes | None:
         """The next piece, or None after the last."""

@@ -4,9 +4,7 @@
 to the terminal, cancellation; `reports` measures what a run leaves behind, `escalation` is a cancel's
 ladder), `provider` (adapters, the current native session, the transcript, session.reset), `lifecycle`
 (restart recovery, idle exit, stop).
+
+Nothing is imported here: `driver.kernel.core.Kernel` is the composition root (the CLI builds it), and a
+helper of the kernel (`runs`, `states`, `supervision`, ...) is importable without it.
 """
-
-from driver.kernel.core import Kernel
-from driver.kernel.options import KernelOptions, project_root
-
-__all__ = ["Kernel", "KernelOptions", "project_root"]

@@ -3,7 +3,7 @@ and whether it is admitted at all.
 
 An event of a run whose terminal is chosen is dropped (its terminal excepted); `host_tool.called`
 names its own run; an event re-derived after a reattach passes the run's replay gate
-(driver/reattach.py) or is dropped, a best-effort one then counted as dropped (at most once).
+(driver/keeper/reattach.py) or is dropped, a best-effort one then counted as dropped (at most once).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from driver.protocol.events import RUN_TERMINALS, EventKind
 
 if TYPE_CHECKING:
-    from driver.runs import Run  # not imported before the first hello (driver/kernel/core.py)
+    from driver.kernel.runs import Run  # not imported before the first hello (driver/kernel/core.py)
 
 HOST_TOOL_CALLED = "host_tool.called"  # run-scoped, but stamped with the run its payload names
 

@@ -1,7 +1,7 @@
 """What the driver says about itself (PROTOCOL §4.2, §4.4), built without I/O: the capabilities it
 states, the `hello` that opens every connection and the `heartbeat` that follows.
 
-The capabilities are static per runtime (driver/capabilities.py), so `hello` is built before the
+The capabilities are static per runtime (driver/protocol/capabilities.py), so `hello` is built before the
 adapter's module (and its SDK) is imported; `reattach` is stated only where it can work.
 """
 
@@ -11,9 +11,9 @@ import os
 from typing import Any
 
 from driver import __version__
-from driver.capabilities import ALL as CAPABILITIES
-from driver.capabilities import capabilities_of, capability_mode
 from driver.protocol.boot import BootPayload
+from driver.protocol.capabilities import ALL as CAPABILITIES
+from driver.protocol.capabilities import capabilities_of, capability_mode
 from driver.protocol.frames import (
     PROTOCOL_VERSION,
     Capability,
@@ -37,10 +37,10 @@ def stated_capabilities(boot: BootPayload) -> frozenset[str]:
 
 def _can_reattach(boot: BootPayload) -> bool:
     """PROTOCOL §8.2: reattach is off unless the boot payload gives a grace, and needs the PID
-    namespace (only its pid 1, the keeper, ends every process of the tree: driver/kept.py)."""
+    namespace (only its pid 1, the keeper, ends every process of the tree: driver/keeper/kept.py)."""
     if boot.execution.reattach_grace_ms <= 0:
         return False
-    from driver import kept
+    from driver.keeper import kept
 
     return kept.supported()
 

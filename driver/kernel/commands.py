@@ -16,7 +16,7 @@ import anyio.lowlevel
 import msgspec
 
 from driver import guard, logs
-from driver.adapters.base import ProviderError
+from driver.adapters.common.base import ProviderError
 from driver.kernel import run_ids
 from driver.ports.host_tools import HostToolCommandError
 from driver.ports.permissions import PermissionCommandError

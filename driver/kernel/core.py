@@ -22,6 +22,7 @@ import anyio
 from driver import guard, logs, tasks
 from driver.kernel import admission, announce
 from driver.kernel.options import KernelOptions, project_root
+from driver.kernel.states import StateMachine, Trigger
 from driver.kernel.tamper import TamperReports
 from driver.protocol import paths
 from driver.protocol.boot import BootPayload
@@ -42,24 +43,23 @@ from driver.queue.command_index import StoredCommand
 from driver.queue.journal import Journal
 from driver.queue.outbox import FinalRejection, Outbox, utc_now
 from driver.queue.rowmac import RowMac, derive_key
-from driver.states import StateMachine, Trigger
 
 if TYPE_CHECKING:
     # The rooms are imported by `driver.kernel.rooms` once the first hello is out (see `serve`).
-    from driver.adapters.base import Adapter, Ports
+    from driver.adapters.common.base import Adapter, Ports
     from driver.checkpoints.recorder import Checkpointer
     from driver.kernel.commands import CommandDesk
     from driver.kernel.lifecycle import Lifecycle
     from driver.kernel.provider import ProviderRoom
     from driver.kernel.runpath import RunPath
-    from driver.link import Link
+    from driver.kernel.runs import Run
+    from driver.kernel.supervisor import ProviderSupervisor
+    from driver.net.link import Link
     from driver.ports.files import AllowedRoots
     from driver.ports.host_tools import HostToolBroker
     from driver.ports.permissions import PermissionBroker
     from driver.processes.room import ProcessRoom
     from driver.protocol.link import CloseReaction
-    from driver.runs import Run
-    from driver.supervisor import ProviderSupervisor
     from driver.telemetry.room import TelemetryRoom
 
 log = logs.get("driver.kernel")
@@ -339,7 +339,7 @@ class Kernel:
                 log.error("outbox.final_flush_failed", error_type=type(exc).__name__, exc_info=True)
 
     async def _serve(self) -> int:
-        from driver.link import Link, LinkHooks
+        from driver.net.link import Link, LinkHooks
 
         link = Link(
             self.boot.control,

@@ -14,7 +14,7 @@ import anyio
 
 from driver import logs
 from driver.kernel.options import KernelOptions
-from driver.runs import Run
+from driver.kernel.runs import Run
 
 log = logs.get("driver.kernel.runs")
 

@@ -1,5 +1,5 @@
 """The kernel's side of a reattach (PROTOCOL §8.2): at recovery, claim the run a dead predecessor left
-in flight under a keeper, and see it to its own terminal (driver/reattach.py has the plan and the gate).
+in flight under a keeper, and see it to its own terminal (driver/keeper/reattach.py has the plan and the gate).
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from driver import guard, logs, reattach
-from driver.adapters.base import ProviderError, TurnOutcome
+from driver import guard, logs
+from driver.adapters.common.base import ProviderError, TurnOutcome
+from driver.keeper import reattach
 from driver.kernel.runpath import STATUS_OF
+from driver.kernel.runs import Run
 from driver.protocol.frames import CommandError
-from driver.runs import Run
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel

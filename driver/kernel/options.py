@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from driver.supervision import (
+from driver.kernel.supervision import (
     CRASH_LOOP_LIMIT,
     CRASH_LOOP_WINDOW_S,
     RESTART_BACKOFF_BASE_S,
@@ -57,6 +57,6 @@ class KernelOptions(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> KernelOptions:
-        """Defaults overridden by `AGENT_DRIVER_*` variables (driver.supervision.ENV_OPTIONS), so tests
+        """Defaults overridden by `AGENT_DRIVER_*` variables (driver.kernel.supervision.ENV_OPTIONS), so tests
         and operators can shorten the bounds of a real driver process from outside."""
         return cls(**options_from_env(environ))  # type: ignore[arg-type]

@@ -26,9 +26,9 @@ import anyio
 import msgspec
 
 from driver import logs
-from driver.adapters.base import Adapter, AdapterConfig, ProviderError
+from driver.adapters.common.base import Adapter, AdapterConfig, ProviderError
+from driver.adapters.common.environment import child_env, provider_env, withheld_of, withhold, withhold_execution
 from driver.adapters.deferred import DeferredAdapter
-from driver.adapters.environment import child_env, provider_env, withheld_of, withhold, withhold_execution
 from driver.interfaces import PathNotAllowed
 from driver.kernel import provider_home
 from driver.protocol.boot import NativeResume, RecoveryMessage

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from driver import guard, side_effects
+from driver import guard
+from driver.kernel import side_effects
+from driver.kernel.runs import Run
+from driver.kernel.side_effects import TreeSnapshot
 from driver.ports import outputs
-from driver.runs import Run
-from driver.side_effects import TreeSnapshot
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel

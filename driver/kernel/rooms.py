@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from driver.adapters.base import Ports
+from driver.adapters.common.base import Ports
 from driver.checkpoints.recorder import Checkpointer
 from driver.kernel.commands import CommandDesk
 from driver.kernel.lifecycle import Lifecycle
 from driver.kernel.provider import ProviderRoom
 from driver.kernel.runpath import RunPath
+from driver.kernel.supervision import CrashWindow
+from driver.kernel.supervisor import ProviderSupervisor
 from driver.ports.files import AllowedRoots, driver_private
 from driver.ports.host_tools import HostToolBroker
 from driver.ports.permissions import PermissionBroker
 from driver.processes.room import ProcessRoom
-from driver.supervision import CrashWindow
-from driver.supervisor import ProviderSupervisor
 from driver.telemetry.room import TelemetryRoom
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The run path: `input.start` to the run's one terminal event, and cancellation (PROTOCOL §3, §5).
 
-A run is a task in its own cancel scope. Its terminal is chosen once (`driver.runs.choose_terminal`:
+A run is a task in its own cancel scope. Its terminal is chosen once (`driver.kernel.runs.choose_terminal`:
 a cancel requested before the choice wins), admitted as a lossless event, and the run's `input.start`
 completes only when that terminal has a receipt, with a status that mirrors it. What the run leaves
 behind (side effects, artifacts) is `driver.kernel.reports`; a cancel's interrupt-TERM-KILL ladder is
@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
-from driver import guard, logs, side_effects
-from driver.adapters.base import PathNotAllowed, ProviderError, TurnOutcome
-from driver.kernel import escalation
+from driver import guard, logs
+from driver.adapters.common.base import PathNotAllowed, ProviderError, TurnOutcome
+from driver.kernel import escalation, side_effects
 from driver.kernel.queued import RunQueue
 from driver.kernel.reports import RunReports
+from driver.kernel.runs import Run, choose_terminal, declined_tool_events
 from driver.kernel.steering import Steering
 from driver.ports import artifacts
 from driver.protocol import commands as cmds
@@ -29,7 +30,6 @@ from driver.protocol import paths
 from driver.protocol.events import EVENT_KINDS, fit_payload
 from driver.protocol.frames import CommandError
 from driver.queue.outbox import utc_now
-from driver.runs import Run, choose_terminal, declined_tool_events
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -224,7 +224,7 @@ class RunPath:
             await k.commands.finish(cid, seq, fp, status, result=result)
 
     async def end_run(self, run: Run, outcome: TurnOutcome | None, error: ProviderError | None) -> str:
-        """Choose the run's one terminal (driver.runs) and admit it. A cancel requested before this
+        """Choose the run's one terminal (driver.kernel.runs) and admit it. A cancel requested before this
         point wins."""
         k = self.k
         for kind, payload in declined_tool_events(run, k.permissions.rejected_tool_calls):
@@ -264,7 +264,7 @@ class RunPath:
     async def prepare_input(self, run_input: cmds.RunInput) -> cmds.RunInput:
         """Download attachments into cwd/inputs/ and tell the provider where they are (in the prompt,
         the one channel every runtime reads); the attachments stay on the input, so an adapter can
-        also hand images (and texts) to its runtime natively (driver/adapters/attachments.py)."""
+        also hand images (and texts) to its runtime natively (driver/adapters/common/attachments.py)."""
         if not run_input.attachments:
             return run_input
         k = self.k

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from driver import logs, tasks
-from driver.adapters.base import ProviderError, SteerRefused
+from driver.adapters.common.base import ProviderError, SteerRefused
 from driver.protocol import commands as cmds
 from driver.protocol.frames import CommandError
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
-    from driver.runs import Run
+    from driver.kernel.runs import Run
 
 log = logs.get("driver.kernel.steering")
 

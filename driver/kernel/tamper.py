@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from driver import containment, keeper_state, logs
+from driver import containment, logs
+from driver.keeper import state as keeper_state
 from driver.queue.journal_rows import Finding
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import agent_files, logs
-from driver.adapters.base import ProviderError, TurnOutcome
+from driver.adapters.common.base import ProviderError, TurnOutcome
 from driver.agent_files import AgentFileError
 from driver.model_proxy import plan
 from driver.model_proxy.budget import Exceeded, Ledger
@@ -26,7 +26,7 @@ from driver.protocol.boot import ExecutionConfig
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
-    from driver.runs import Run
+    from driver.kernel.runs import Run
 
 log = logs.get("driver.model_proxy")
 

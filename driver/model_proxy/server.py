@@ -1,4 +1,4 @@
-"""The loopback proxy itself: the hardened loopback core (`driver.listener`) towards the provider,
+"""The loopback proxy itself: the hardened loopback core (`driver.net.listener`) towards the provider,
 httpx2 towards the upstream.
 
 Everything is decided on the request head before a body byte is read (`_decide`): the target is
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import logs
-from driver.listener import BodyRefused, ClientGone, Exchange, Handler, Head, Limits, LoopbackServer, Reply
 from driver.model_proxy import endpoints, errors, prices, wire
 from driver.model_proxy.budget import Exceeded, Ledger, Ticket
 from driver.model_proxy.endpoints import Ask, Endpoint, Target
 from driver.model_proxy.plan import Route, family_of, new_placeholder
 from driver.model_proxy.usage import Dialect, UsageReader
+from driver.net.listener import BodyRefused, ClientGone, Exchange, Handler, Head, Limits, LoopbackServer, Reply
 
 if TYPE_CHECKING:
     import httpx2

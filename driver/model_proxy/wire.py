@@ -1,5 +1,5 @@
 """Headers either way, and the upstream client's construction (the provider side's HTTP is the
-loopback core's, `driver.listener`).
+loopback core's, `driver.net.listener`).
 """
 
 from __future__ import annotations

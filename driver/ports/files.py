@@ -29,7 +29,7 @@ PATH_MAX = 4095  # bytes in a whole path, without its terminating NUL
 
 def driver_private(state_dir: str | Path) -> list[Path]:
     """What of `state_dir` is the driver's alone: `driver/` (journal, records, markers) and the lock."""
-    from driver.statelock import LOCK_NAME
+    from driver.containment import LOCK_NAME
 
     return [Path(state_dir) / "driver", Path(state_dir) / LOCK_NAME]
 

@@ -8,7 +8,7 @@ optional server-to-client SSE stream is not offered, so GET answers 405).
 
 Bound to 127.0.0.1 on an ephemeral port and guarded by a random bearer token, so other local processes
 cannot call the control plane's tools. The token is handed to the provider in an environment variable.
-It stands on the hardened loopback core (`driver.listener`): path, token and method are decided on the
+It stands on the hardened loopback core (`driver.net.listener`): path, token and method are decided on the
 request head before any body byte is read, and connections, bytes and every read are bounded.
 
 Background work: `start()` serves on the event loop (the server lives as long as the provider
@@ -26,7 +26,7 @@ import msgspec
 
 from driver import logs
 from driver.interfaces import HostToolPort
-from driver.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply, json_values
+from driver.net.listener import Exchange, Handler, Head, Limits, LoopbackServer, Reply, json_values
 from driver.protocol.boot import HostTool
 
 log = logs.get(__name__)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from driver import containment, logs, tasks
-from driver.adapters.environment import provider_env
+from driver.adapters.common.environment import provider_env
 from driver.agent_files import AgentFileError
 from driver.interfaces import PathNotAllowed
 from driver.kernel import provider_home

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from driver import containment
-from driver.adapters.environment import child_env
+from driver.adapters.common.environment import child_env
 
 
 class Spawned(NamedTuple):

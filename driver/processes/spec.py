@@ -8,7 +8,7 @@ import signal as _signal
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from driver.adapters.environment import FORBIDDEN, child_env
+from driver.adapters.common.environment import FORBIDDEN, child_env
 
 MAX_PROCESSES = 16  # running at once; one more fails `process.limit`
 DEFAULT_TERM = "xterm-256color"  # what the console's xterm.js is

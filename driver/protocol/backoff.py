@@ -3,7 +3,7 @@
 - the reconnect: capped exponential backoff with full jitter (tenacity's `wait_random_exponential`,
   here with an injectable RNG), reset by the link core after a link that stayed up 60 s;
 - a provider's restart after a crash or a failed start: capped exponential, no jitter (one process
-  per sandbox has nobody to collide with), the first restart at once (driver/supervision.py);
+  per sandbox has nobody to collide with), the first restart at once (driver/kernel/supervision.py);
 - an unreceipted lossless event's resend: capped exponential (driver/queue/outbox_types.py).
 
 The strategies are tenacity's; what is ours is how they are driven without I/O: `delays()` asks a

@@ -1,6 +1,6 @@
 """The link's state machine without I/O (PROTOCOL §2): handshake, liveness, close codes, backoff.
 
-`driver.link` feeds it what happened (connected, a frame, a close, the time) and does what it says.
+`driver.net.link` feeds it what happened (connected, a frame, a close, the time) and does what it says.
 Time is always passed in, so tests run it on a fake clock.
 """
 

@@ -37,6 +37,7 @@ from driver.queue.schema import (
     SET_ASIDE_KEPT,
     terminal_error,
 )
+from driver.queue.transaction import Transaction
 
 # How far a tampered epoch is raised: an agent that lowered it cannot make the next ids repeat unless it
 # lowered it by more than this (and the seq reservation, checked the same way, jumps too).
@@ -359,8 +360,8 @@ class Journal(JournalCommands, JournalState):
         self.commit((), (), statuses=commands)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+    def _tx(self) -> Transaction:
+        return Transaction(self._db)
 
 
 def _well_typed(row: tuple[object, ...]) -> bool:
@@ -374,13 +375,3 @@ def _well_typed(row: tuple[object, ...]) -> bool:
         and body_type == "blob"
     )
 
-
-class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")

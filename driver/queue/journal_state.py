@@ -17,8 +17,8 @@ from driver.queue import asked
 from driver.queue.schema import RUNS_KEPT, TRANSCRIPT_MAX_BYTES
 
 if TYPE_CHECKING:
-    from driver.queue.journal import _Transaction
     from driver.queue.rowmac import RowMac
+    from driver.queue.transaction import Transaction
 
 
 class EndedRun(msgspec.Struct, frozen=True):
@@ -37,14 +37,14 @@ class JournalState:
 
     if TYPE_CHECKING:
 
-        def _tx(self) -> _Transaction: ...
+        def _tx(self) -> Transaction: ...
         def _set_aside(self, table: str, key: object, reason: str, values: tuple[object, ...]) -> None: ...
 
     # -- runs ---------------------------------------------------------------------------------------
     def _run_mac(
         self, run_id: object, command_id: object, started_at: object, terminal: object, error: object, derived: object
     ) -> bytes:
-        # `derived` (the reattach's count of derived lossless events, driver/reattach.py) is covered too:
+        # `derived` (the reattach's count of derived lossless events, driver/keeper/reattach.py) is covered too:
         # an agent that lowered it would make a successor send journaled events twice.
         return self.mac.of("runs", run_id, command_id, started_at, terminal, error, derived)  # type: ignore[arg-type]
 
@@ -62,7 +62,7 @@ class JournalState:
 
     def _run_update(self, run_id: str, ended: tuple[str, str | None] | None, derived_add: int) -> None:
         """Inside the commit that journals the run's events: its terminal (kind, error) if one is among
-        them, and how many derived lossless events they add (PROTOCOL §8.2, driver/reattach.py). The row
+        them, and how many derived lossless events they add (PROTOCOL §8.2, driver/keeper/reattach.py). The row
         is re-authenticated from its stored values, so a row already tampered with stays failing."""
         row = self._db.execute(
             "SELECT command_id, started_at, terminal, error, derived FROM runs WHERE run_id = ?", (run_id,)

@@ -7,7 +7,7 @@ apart and never sent or acted on.
 
 Key: HKDF-SHA256 (RFC 5869) with the control token as input keying material, the fixed salt below and
 the instance id in `info`. It is derived once at start and kept only in memory (the process is not
-dumpable, driver/undumpable.py). No I/O here.
+dumpable, driver/containment/undumpable.py). No I/O here.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ PRUNED_RANGES_KEPT = 1024
 RUN_TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # The lossless run events an adapter derives from the provider's output alone, counted per run in the
 # transaction that journals them: a driver that reattaches to a kept provider re-derives its run's
-# events from the output log and suppresses the first `derived` of them (driver/reattach.py).
+# events from the output log and suppresses the first `derived` of them (driver/keeper/reattach.py).
 DERIVED_KINDS = frozenset(
     {
         "message.started",

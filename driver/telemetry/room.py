@@ -16,10 +16,10 @@ from urllib.parse import quote
 import anyio
 
 from driver import logs
-from driver.adapters.base import Adapter, ProviderError
+from driver.adapters.common.base import Adapter, ProviderError
+from driver.kernel.runs import Run
 from driver.protocol.events import RUN_TERMINALS
 from driver.protocol.frames import HeartbeatActivity
-from driver.runs import Run
 from driver.telemetry import log_uplink, tracing
 from driver.telemetry.timings import Timings, process_start_monotonic
 

@@ -53,13 +53,15 @@ from agent_lab.testing.ports import (
     reject_first,
 )
 
-from driver.adapters import acp_models as m
-from driver.adapters import acp_permissions, acp_session, acp_state
-from driver.adapters.acp import AcpAdapter
-from driver.adapters.acp_turn import AcpTurn
-from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
-from driver.adapters.environment import provider_env
-from driver.adapters.jsonrpc import JsonRpcError
+from driver.adapters.acp import models as m
+from driver.adapters.acp import permissions as acp_permissions
+from driver.adapters.acp import session as acp_session
+from driver.adapters.acp import state as acp_state
+from driver.adapters.acp.adapter import AcpAdapter
+from driver.adapters.acp.turn import AcpTurn
+from driver.adapters.common.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.common.environment import provider_env
+from driver.adapters.common.jsonrpc import JsonRpcError
 from driver.protocol.boot import (
     AcpConfig,
     ExecutionConfig,

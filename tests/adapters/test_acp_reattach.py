@@ -13,12 +13,13 @@ import anyio
 import anyio.abc
 import pytest
 
-from driver import kept, reattach
-from driver.adapters import acp_models as m
-from driver.adapters import acp_reattach, acp_state
-from driver.adapters.acp_turn import AcpTurn
-from driver.adapters.jsonrpc import JsonRpcPeer
-from driver.keeper_state import Record, Turn, keeper_dir, replies, requests_since
+from driver.adapters.acp import models as m
+from driver.adapters.acp import reattach as acp_reattach
+from driver.adapters.acp import state as acp_state
+from driver.adapters.acp.turn import AcpTurn
+from driver.adapters.common.jsonrpc import JsonRpcPeer
+from driver.keeper import kept, reattach
+from driver.keeper.state import Record, Turn, keeper_dir, replies, requests_since
 
 # -- the peer ---------------------------------------------------------------------------------------
 

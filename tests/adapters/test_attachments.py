@@ -1,4 +1,4 @@
-"""What an adapter may hand its runtime natively (driver/adapters/attachments.py)."""
+"""What an adapter may hand its runtime natively (driver/adapters/common/attachments.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.adapters import attachments
+from driver.adapters.common import attachments
 from tests.helpers.attachments import place, png
 
 

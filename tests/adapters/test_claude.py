@@ -19,9 +19,9 @@ import pytest
 from agent_lab.testing.fake_anthropic import DEFAULT_TEXT, ERROR_MESSAGE, THINKING_TEXT, FakeAnthropic
 from agent_lab.testing.ports import EchoHostTools, RecordingEvents, ScriptedPermissions, recording_ports, reject_first
 
-from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
-from driver.adapters.claude import ClaudeAdapter
-from driver.adapters.environment import provider_env
+from driver.adapters.claude.adapter import ClaudeAdapter
+from driver.adapters.common.base import AdapterConfig, PermissionDecision, ProviderError, TurnOutcome
+from driver.adapters.common.environment import provider_env
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import (
     ExecutionConfig,

@@ -1,4 +1,4 @@
-"""The Claude Code CLI's command line (driver/adapters/claude_command.py) beside the one the pinned
+"""The Claude Code CLI's command line (driver/adapters/claude/command.py) beside the one the pinned
 Claude Agent SDK builds for the same options: the driver speaks the CLI's wire itself, so this is
 where an SDK upgrade that changes a flag shows first. Also: secrets stay out of argv, unusable
 `provider_options` are named, and the wire's values (claude_messages, claude_control) are read strictly.
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from driver.adapters import claude_control as control
-from driver.adapters import claude_messages as wire
-from driver.adapters.claude_command import SDK_VERSION, Session, build
+from driver.adapters.claude import control
+from driver.adapters.claude import messages as wire
+from driver.adapters.claude.command import SDK_VERSION, Session, build
 from driver.protocol.boot import ExecutionConfig, McpServer
 
 CLI = "/opt/claude"
@@ -206,7 +206,7 @@ async def test_hostile_output_is_reported_and_skipped_and_control_requests_are_a
 ) -> None:
     import sys
 
-    from driver.adapters import claude_client
+    from driver.adapters.claude import client as claude_client
 
     monkeypatch.setattr(claude_client, "MAX_LINE_BYTES", 1000)
     problems: list[str] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.adapters.claude_options import (
+from driver.adapters.claude.options import (
     mcp_servers,
     mcp_stdio_environment,
     provider_environment,

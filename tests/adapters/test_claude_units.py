@@ -5,8 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from driver.adapters import claude_outcome, claude_permissions
-from driver.adapters.claude_turn import TurnTranslator
+from driver.adapters.claude import outcome as claude_outcome
+from driver.adapters.claude import permissions as claude_permissions
+from driver.adapters.claude.turn import TurnTranslator
 from driver.interfaces import PermissionDecision
 
 

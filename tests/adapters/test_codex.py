@@ -26,9 +26,9 @@ from agent_lab.testing.ports import (
 )
 from agent_lab.testing.script import DEFAULT_TEXT
 
-from driver.adapters.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
-from driver.adapters.codex import CodexAdapter, codex_binary
-from driver.adapters.environment import provider_env
+from driver.adapters.codex.adapter import CodexAdapter, codex_binary
+from driver.adapters.common.base import AdapterConfig, PermissionDecision, PermissionRequest, ProviderError, TurnOutcome
+from driver.adapters.common.environment import provider_env
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import (
     ExecutionConfig,

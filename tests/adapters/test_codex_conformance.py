@@ -12,7 +12,7 @@ import pytest
 from agent_lab.testing.fake_responses import FakeResponses
 from agent_lab.testing.ports import EchoHostTools, allow_first, reject_first
 
-from driver.adapters.codex import codex_binary
+from driver.adapters.codex.adapter import codex_binary
 from driver.ports.mcp_host import McpHostServer
 from driver.protocol.boot import HostTool, McpServer
 from driver.protocol.commands import RunInput

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 from agent_lab.testing.ports import recording_ports
 
-from driver.adapters import codex_notices, codex_outcome, codex_requests, codex_thread
-from driver.adapters.base import AdapterConfig, PermissionDecision, ProviderError
-from driver.adapters.codex import CodexAdapter
-from driver.adapters.codex_config import CodexConfigError, render_config, settings_from, thread_policy
-from driver.adapters.codex_turn import CodexTurn, FileTouched, TurnEnd
-from driver.adapters.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
+from driver.adapters.codex import notices as codex_notices
+from driver.adapters.codex import outcome as codex_outcome
+from driver.adapters.codex import requests as codex_requests
+from driver.adapters.codex import thread as codex_thread
+from driver.adapters.codex.adapter import CodexAdapter
+from driver.adapters.codex.config import CodexConfigError, render_config, settings_from, thread_policy
+from driver.adapters.codex.turn import CodexTurn, FileTouched, TurnEnd
+from driver.adapters.common.base import AdapterConfig, PermissionDecision, ProviderError
+from driver.adapters.common.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
 from driver.protocol.boot import ExecutionConfig, McpServer, NativeResume, RecoveryMessage, SessionConfig
 from driver.protocol.events import validate_payload
 
@@ -237,7 +240,7 @@ def test_mcp_progress_is_tool_output() -> None:
 
 
 def test_a_message_codex_drops_for_a_steer_is_completed_with_what_was_streamed() -> None:
-    from driver.adapters.codex_turn import CodexTurn
+    from driver.adapters.codex.turn import CodexTurn
 
     turn = CodexTurn("run-1", "/tmp", "thr-1")
     turn.handle("item/started", {"item": {"id": "m1", "type": "agentMessage"}})

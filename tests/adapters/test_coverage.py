@@ -11,7 +11,7 @@ from pathlib import Path
 import claude_agent_sdk as sdk
 import pytest
 
-from driver.adapters.codex import codex_binary
+from driver.adapters.codex.adapter import codex_binary
 from driver.protocol.events import EVENT_KINDS
 from tests.adapters import wire
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from driver.adapters import environment
-from driver.adapters.environment import child_env, withheld_of, withhold_execution
+from driver.adapters.common import environment
+from driver.adapters.common.environment import child_env, withheld_of, withhold_execution
 from driver.protocol.boot import BOOT_DECODER, BootPayload
 
 KEY = "sk-real-key-0123456789"

@@ -1,10 +1,10 @@
-"""The instruction text and skill discovery every adapter uses (driver/adapters/instructions.py)."""
+"""The instruction text and skill discovery every adapter uses (driver/adapters/common/instructions.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from driver.adapters import instructions
+from driver.adapters.common import instructions
 from driver.protocol.boot import ExecutionConfig, SessionConfig, Skill
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from driver.adapters.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
-from driver.adapters.process import ProviderProcess
+from driver.adapters.common.jsonrpc import JsonRpcError, JsonRpcPeer, PeerClosed
+from driver.adapters.common.process import ProviderProcess
 
 PEER = str(Path(__file__).with_name("rpc_peer.py"))
 

@@ -1,4 +1,4 @@
-"""How an adapter gets its provider process (driver/adapters/keeping.py): under a keeper with a grace,
+"""How an adapter gets its provider process (driver/adapters/common/keeping.py): under a keeper with a grace,
 and unkept, still working, when the keeper itself cannot be set up."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from driver import kept, reattach
-from driver.adapters import keeping
-from driver.adapters.base import AdapterConfig
-from driver.adapters.process import ProviderProcess
-from driver.kept import KeptProcess
+from driver.adapters.common import keeping
+from driver.adapters.common.base import AdapterConfig
+from driver.adapters.common.process import ProviderProcess
+from driver.keeper import kept, reattach
+from driver.keeper.kept import KeptProcess
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 
 ECHO = ["/bin/sh", "-c", 'while read -r l; do echo "got:$l"; done']

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from driver import logs
-from driver.adapters.base import ProviderError
-from driver.adapters.process import ProviderProcess, secret_values
+from driver.adapters.common.base import ProviderError
+from driver.adapters.common.process import ProviderProcess, secret_values
 
 ENV = {"PATH": "/usr/bin:/bin"}
 

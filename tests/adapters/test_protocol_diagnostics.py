@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.adapters.protocol_diagnostics import ProtocolDiagnostics
+from driver.adapters.common.protocol_diagnostics import ProtocolDiagnostics
 from driver.protocol.events import validate_payload
 
 

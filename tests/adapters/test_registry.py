@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from driver.adapters.registry import ADAPTERS, adapter_class
-from driver.capabilities import BY_RUNTIME as CAPABILITIES
+from driver.protocol.capabilities import BY_RUNTIME as CAPABILITIES
 
 
 @pytest.mark.parametrize("runtime", sorted(ADAPTERS))
@@ -24,7 +24,7 @@ def test_unknown_runtime_is_named() -> None:
 
 def test_kernel_import_does_not_load_any_provider_sdk() -> None:
     code = (
-        "import sys, driver.kernel, driver.link, driver.cli\n"
+        "import sys, driver.kernel, driver.net.link, driver.cli\n"
         "loaded = [m for m in ('claude_agent_sdk', 'openai', 'driver.adapters.claude', 'driver.adapters.codex',"
         " 'driver.adapters.acp') if m in sys.modules]\n"
         "print(','.join(loaded))"
@@ -35,9 +35,9 @@ def test_kernel_import_does_not_load_any_provider_sdk() -> None:
 
 def test_the_claude_adapter_does_not_load_the_claude_sdk_or_mcp() -> None:
     """Issue 35: importing `claude_agent_sdk` cost the driver 43 MB (its `mcp` and pydantic models);
-    the adapter speaks the CLI's wire itself (driver/adapters/claude_client.py)."""
+    the adapter speaks the CLI's wire itself (driver/adapters/claude/client.py)."""
     code = (
-        "import sys, driver.adapters.claude\n"
+        "import sys, driver.adapters.claude.adapter\n"
         "print(','.join(m for m in ('claude_agent_sdk', 'mcp', 'pydantic', 'jsonschema') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

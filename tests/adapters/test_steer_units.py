@@ -9,12 +9,12 @@ from typing import Any
 import anyio
 import pytest
 
-from driver.adapters import codex_steer
-from driver.adapters.acp_followup import FollowUps, blocks_of, deliver_all
-from driver.adapters.base import SteerRefused
-from driver.adapters.claude_turn import prompts_answered
-from driver.adapters.codex_turn import CodexTurn
-from driver.adapters.jsonrpc import JsonRpcError
+from driver.adapters.acp.followup import FollowUps, blocks_of, deliver_all
+from driver.adapters.claude.turn import prompts_answered
+from driver.adapters.codex import steer as codex_steer
+from driver.adapters.codex.turn import CodexTurn
+from driver.adapters.common.base import SteerRefused
+from driver.adapters.common.jsonrpc import JsonRpcError
 
 
 class _Changes:

@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from driver.adapters.jsonrpc import JsonRpcPeer
+from driver.adapters.common.jsonrpc import JsonRpcPeer
 
 ROOT = Path(__file__).resolve().parents[2]
 ACP_SDK = ROOT / "node_modules" / "@agentclientprotocol" / "sdk"

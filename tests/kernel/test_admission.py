@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from driver.kernel import admission, announce
+from driver.kernel.runs import Run
 from driver.protocol.events import EVENT_KINDS
 from driver.queue.outbox_types import OutboxStats
-from driver.runs import Run
 
 # A Run holds anyio events: it is made on an event loop.
 pytestmark = pytest.mark.anyio
@@ -21,7 +21,7 @@ def _judge(kind: str, payload: dict[str, Any], run: Run | None) -> admission.Ver
 
 
 class _Gate:
-    """A replay gate that refuses everything (driver/reattach.py's suppresses what was journaled)."""
+    """A replay gate that refuses everything (driver/keeper/reattach.py's suppresses what was journaled)."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []

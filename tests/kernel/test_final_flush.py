@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from driver.boot import parse_payload
-from driver.kernel import Kernel
+from driver.kernel.core import Kernel
 from driver.kernel.lifecycle import Lifecycle
 from driver.queue.journal import Journal
 from driver.queue.rowmac import RowMac, derive_key

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from driver import keeper_state, kept
+from driver.keeper import kept
+from driver.keeper import state as keeper_state
 from driver.queue.rowmac import UNKEYED, RowMac, derive_key
 from tests.faults.history import check_instance, check_run
 from tests.integration.harness import INSTANCE, TOKEN, DriverProcess, control_plane
@@ -47,7 +48,7 @@ def kept_payload(tmp: Path, cp: Any, fakes: Fakes, grace_ms: int = 30_000) -> di
 def provider_pid(state: Path) -> int:
     record = kept.read_record(state)
     assert record is not None and record.alive(), "no live keeper recorded"
-    kids = kept._children(record.keeper_pid)
+    kids = keeper_state.children(record.keeper_pid)
     assert kids, "the keeper holds no provider"
     return kids[0]
 
@@ -207,7 +208,7 @@ async def test_a_permission_pending_across_the_kill_is_answered(tmp_path: Path, 
 @pytest.mark.provider
 async def test_the_continued_codex_calls_host_tools_at_the_address_it_was_given(tmp_path: Path, fakes: Fakes) -> None:
     """Codex keeps the host MCP server's URL and token it was started with: the new driver serves them
-    (driver/adapters/host_server.py), so a host tool called after the reattach reaches the CP."""
+    (driver/adapters/common/host_server.py), so a host tool called after the reattach reaches the CP."""
     state = tmp_path / "state"
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 

@@ -19,7 +19,8 @@ import anyio
 import pytest
 from agent_lab.testing.script import SLOW_TEXT
 
-from driver import keeper_state, kept
+from driver.keeper import kept
+from driver.keeper import state as keeper_state
 from tests.faults.history import check_instance, check_run
 from tests.integration.harness import INSTANCE, DriverProcess, control_plane
 from tests.kernel import runtimes
@@ -198,7 +199,7 @@ async def test_the_continued_acp_session_calls_host_tools_at_the_address_it_was_
     agent: str, tmp_path: Path, fakes: Fakes
 ) -> None:
     """The agent's open session keeps the host MCP server's URL and token of its session/new: the new
-    driver serves them (driver/adapters/host_server.py), so a host tool called after the reattach
+    driver serves them (driver/adapters/common/host_server.py), so a host tool called after the reattach
     reaches the CP."""
     state = tmp_path / "state"
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}

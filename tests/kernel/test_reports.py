@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from driver.kernel.reports import OUTPUT_BOUNDS, artifact_events, side_effects_of
+from driver.kernel.side_effects import TreeSnapshot
 from driver.ports import outputs
-from driver.side_effects import TreeSnapshot
 
 
 def _tree(files: dict[str, tuple[int, int]], *, truncated: bool = False) -> TreeSnapshot:

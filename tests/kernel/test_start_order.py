@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from driver.boot import parse_payload
-from driver.kernel import Kernel
+from driver.kernel.core import Kernel
 from tests.integration.harness import INSTANCE, boot_payload, control_plane
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from driver.kernel import KernelOptions
-from driver.supervision import CrashWindow, EnvOptionError, options_from_env
+from driver.kernel.options import KernelOptions
+from driver.kernel.supervision import CrashWindow, EnvOptionError, options_from_env
 from tests.integration.harness import INSTANCE, TOKEN, boot_payload, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes

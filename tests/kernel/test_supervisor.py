@@ -14,11 +14,11 @@ import pytest
 from agent_lab.testing.ports import recording_ports
 
 from driver import tasks
-from driver.adapters.base import Adapter, AdapterConfig, ProviderError, TurnOutcome
+from driver.adapters.common.base import Adapter, AdapterConfig, ProviderError, TurnOutcome
+from driver.kernel.supervision import CrashWindow
+from driver.kernel.supervisor import ProviderSupervisor
 from driver.protocol.boot import ExecutionConfig, SessionConfig
 from driver.protocol.commands import RunInput
-from driver.supervision import CrashWindow
-from driver.supervisor import ProviderSupervisor
 
 
 class ScriptedAdapter(Adapter):

@@ -359,9 +359,9 @@ def test_the_proxy_is_not_imported_without_model_proxy() -> None:
 
 
 async def test_settle_budget_wins_unless_a_cancel_came_first_and_usage_is_the_proxys() -> None:
-    from driver.adapters.base import ProviderError, TurnOutcome
+    from driver.adapters.common.base import ProviderError, TurnOutcome
+    from driver.kernel.runs import Run
     from driver.model_proxy.room import settle
-    from driver.runs import Run
 
     spent = {"input_tokens": 7, "output_tokens": 3, "cached_input_tokens": 0, "cost_usd": None, "model_requests": 1}
     reply = TurnOutcome("completed", usage={"input_tokens": 999})

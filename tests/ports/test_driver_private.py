@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.adapters import acp_fs
-from driver.adapters.jsonrpc import JsonRpcError
+from driver.adapters.acp import fs as acp_fs
+from driver.adapters.common.jsonrpc import JsonRpcError
 from driver.interfaces import PathNotAllowed
 from driver.ports import outputs
 from driver.ports.files import AllowedRoots, driver_private

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from driver.adapters.base import HostToolReply
+from driver.adapters.common.base import HostToolReply
 from driver.ports.host_tools import HostToolBroker, HostToolCommandError
 
 

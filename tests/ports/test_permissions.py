@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from driver.adapters.base import PermissionDecision, PermissionOption, PermissionRequest
+from driver.adapters.common.base import PermissionDecision, PermissionOption, PermissionRequest
 from driver.ports.permissions import PermissionBroker, PermissionCommandError
 from driver.protocol.events import validate_payload
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import pytest
 
-from driver.adapters.base import PermissionDecision
+from driver.adapters.common.base import PermissionDecision
 from driver.ports.permissions import PermissionBroker, PermissionCommandError
 from driver.queue.asked import Asked
 from tests.ports.test_permissions import OPTIONS, REQUEST, Recorder, broker

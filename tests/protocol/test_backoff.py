@@ -53,9 +53,9 @@ def test_long_run_never_exceeds_the_cap() -> None:
 def test_every_policy_is_a_tenacity_strategy_driven_without_a_clock() -> None:
     from tenacity.wait import wait_exponential
 
+    from driver.kernel.supervision import CrashWindow
     from driver.protocol.backoff import delays, exponential, jittered
     from driver.queue.outbox_types import RetryPolicy
-    from driver.supervision import CrashWindow
 
     assert isinstance(jittered(), wait_exponential) and isinstance(exponential(base=1, cap=2), wait_exponential)
     assert list(itertools.islice(delays(exponential(base=0.25, cap=1.0)), 4)) == [0.25, 0.5, 1.0, 1.0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from driver.capabilities import ALL, BY_RUNTIME, STEER_MODE, capability_mode
+from driver.protocol.capabilities import ALL, BY_RUNTIME, STEER_MODE, capability_mode
 from driver.protocol.commands import CommandInvalid, InputStart, InputSteer, decode_command
 from driver.protocol.events import EVENT_KINDS, PayloadError, validate_payload
 from driver.protocol.frames import Capability, Heartbeat, HeartbeatOutbox, encode

@@ -74,9 +74,9 @@ Spec = Callable[[Path], AgentSpec]  # state dir → how to run the agent there
 
 def _adapter(tmp: Path, spec: Spec) -> tuple[Any, TimedEvents]:
     from agent_lab.testing.ports import recording_ports
-    from driver.adapters.acp import AcpAdapter
-    from driver.adapters.base import AdapterConfig
-    from driver.adapters.environment import provider_env
+    from driver.adapters.acp.adapter import AcpAdapter
+    from driver.adapters.common.base import AdapterConfig
+    from driver.adapters.common.environment import provider_env
     from driver.protocol.boot import AcpConfig, ExecutionConfig, SessionConfig
 
     cwd, state = tmp / "ws", tmp / "state"

@@ -52,8 +52,8 @@ def _closed_port() -> int:
 async def _driver_child(n_events: int, cp_port: int | None) -> dict[str, Any]:
     from driver import logs
     from driver.boot import parse_payload
-    from driver.kernel import Kernel
-    from driver.link import Link, LinkHooks
+    from driver.kernel.core import Kernel
+    from driver.net.link import Link, LinkHooks
 
     logs.configure("error")
     with tempfile.TemporaryDirectory(prefix="bench-backlog-") as tmp_s:

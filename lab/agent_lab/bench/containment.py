@@ -1,9 +1,9 @@
-"""What containment (driver.containment, PROTOCOL §8) costs at provider start-up.
+"""What containment (driver.containment.wrapper, PROTOCOL §8) costs at provider start-up.
 
 Spawn-to-first-output of a small Python provider (it prints one line as soon as it runs), and
 spawn-to-exit of `true`, for each mode beside the baseline (no wrapper): `pdeathsig` (setpriv) and
 `pidns` (bwrap PID namespace, shell as pid 1: the default where namespaces are allowed), and
-`subreaper` (driver/subreaper.py: the fallback where they are not). Also the
+`subreaper` (driver/containment/subreaper.py: the fallback where they are not). Also the
 one-time probe that picks the mode, the state_dir lock, and the clean-up of a predecessor's record.
 """
 
@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from agent_lab.bench._common import goal, median, table
-from driver import containment, statelock
+from driver import containment
+from driver.containment import statelock
 
 RUNS = 25
 PROVIDER = [sys.executable, "-S", "-c", "print('up', flush=True)"]
@@ -44,12 +45,12 @@ def _to_exit(prefix: list[str]) -> float:
 
 def main() -> None:
     t0 = time.perf_counter()
-    pidns = containment._pidns_prefix()
+    pidns = containment.pidns_prefix()
     probe_ms = _ms(t0)
     modes: list[tuple[str, list[str] | None]] = [
         ("none (baseline)", []),
-        ("pdeathsig", containment._pdeathsig_prefix()),
-        ("subreaper (fallback)", containment._subreaper_prefix()),
+        ("pdeathsig", containment.pdeathsig_prefix()),
+        ("subreaper (fallback)", containment.subreaper_prefix()),
         ("pidns (default)", pidns),
     ]
     available = [(name, prefix) for name, prefix in modes if prefix is not None]

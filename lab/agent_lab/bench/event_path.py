@@ -59,7 +59,7 @@ class DriverSide:
 
     def __init__(self, tmp: Path, url: str, instance: str, *, fsync: bool = True) -> None:
         from driver.boot import parse_payload
-        from driver.kernel import Kernel
+        from driver.kernel.core import Kernel
 
         boot = parse_payload(json.dumps(make_payload(tmp, url, instance=instance)).encode())
         self.kernel = Kernel(boot, started_at=time.monotonic(), assemble=True)
@@ -94,7 +94,7 @@ class DriverSide:
         self.outbox.on_receipt = timed_receipt  # type: ignore[method-assign]
 
     async def run(self, body: Callable[[DriverSide], Any]) -> Any:
-        from driver.link import Link, LinkHooks
+        from driver.net.link import Link, LinkHooks
 
         k = self.kernel
         link = Link(

@@ -118,8 +118,8 @@ def _spawn_driver(boot: Path, stderr: Path) -> subprocess.Popen[bytes]:
 async def claude_direct(tmp: Path, base_url: str) -> AsyncIterator[Turn]:
     import claude_agent_sdk as sdk
 
-    from driver.adapters.claude_options import provider_environment
-    from driver.adapters.environment import provider_env
+    from driver.adapters.claude.options import provider_environment
+    from driver.adapters.common.environment import provider_env
 
     state, cwd = tmp / "state", tmp / "cwd"
     for d in (state / "home", cwd):
@@ -174,11 +174,11 @@ def _codex_execution(base_url: str) -> dict[str, Any]:
 async def codex_direct(tmp: Path, base_url: str) -> AsyncIterator[Turn]:
     import msgspec
 
-    from driver.adapters.codex_config import render_config, settings_from
-    from driver.adapters.codex_files import codex_binary
-    from driver.adapters.environment import provider_env
-    from driver.adapters.jsonrpc import JsonRpcPeer
-    from driver.adapters.process import ProviderProcess
+    from driver.adapters.codex.config import render_config, settings_from
+    from driver.adapters.codex.files import codex_binary
+    from driver.adapters.common.environment import provider_env
+    from driver.adapters.common.jsonrpc import JsonRpcPeer
+    from driver.adapters.common.process import ProviderProcess
     from driver.protocol.boot import ExecutionConfig
 
     fields = _codex_execution(base_url)
@@ -297,7 +297,7 @@ async def _main() -> None:
             ]
             verdicts.append(("Claude: added p50 ≤ 20 ms", median(v) - median(d), 20.0))
         try:
-            from driver.adapters.codex_files import codex_binary
+            from driver.adapters.codex.files import codex_binary
 
             codex_binary(ROOT)
             have_codex = True

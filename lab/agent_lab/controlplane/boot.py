@@ -201,7 +201,7 @@ def build_payload(args: argparse.Namespace, *, control_url: str, token: str, env
 def encode_checked(payload: Mapping[str, Any]) -> bytes:
     """The payload as the driver will read it; MintError naming the field when the driver would refuse it."""
     from driver.boot import BootError, parse_payload
-    from driver.link import TransportRefused, check_transport
+    from driver.net.link import TransportRefused, check_transport
 
     data = json.dumps(payload).encode()
     try:

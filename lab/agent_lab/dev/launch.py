@@ -61,7 +61,7 @@ def write_boot_file(path: Path, payload: Mapping[str, Any]) -> None:
 
 def driver_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The driver's own environment: ours minus boot-file/token variables and provider credentials."""
-    from driver.adapters.environment import FORBIDDEN
+    from driver.adapters.common.environment import FORBIDDEN
 
     return {k: v for k, v in env.items() if k not in FORBIDDEN and k not in PROVIDER_SECRETS}
 

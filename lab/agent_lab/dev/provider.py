@@ -87,7 +87,7 @@ def _codex(env: Mapping[str, str], stack: contextlib.ExitStack) -> ProviderSetup
 
 
 def codex_acp_binary() -> Path:
-    from driver.kernel import project_root
+    from driver.kernel.options import project_root
 
     found = codex_acp.binary(project_root())
     if found is None:

@@ -190,7 +190,7 @@ async def driver_killed(rig: Rig, runtime: str, s: Story) -> Case:
 
 
 async def driver_killed_reattach(rig: Rig, runtime: str, s: Story) -> Case:
-    from driver.capabilities import capabilities_of
+    from driver.protocol.capabilities import capabilities_of
 
     if "reattach" not in capabilities_of(runtime):
         return not_measured(s.case, f"{runtime} declares reattach unsupported (docs/protocol.md, the keeper)")
@@ -224,13 +224,14 @@ def kept_provider(rig: Rig, s: Story) -> list[int]:
     """The pid of the provider the instance's keeper holds (empty when none is recorded and alive).
     The keeper's record is authenticated under the journal's key (docs/protocol.md, the keeper): it
     is read here as the driver reads it, under the key the driver derives from its token."""
-    from driver import keeper_state, kept
+    from driver.keeper import kept
+    from driver.keeper import state as keeper_state
     from driver.queue.rowmac import UNKEYED, RowMac, derive_key
 
     keeper_state.use_mac(RowMac(derive_key(rig.token, s.instance)))
     try:
         record = kept.read_record(s.box.state_dir)
-        return kept._children(record.keeper_pid) if record is not None and record.alive() else []
+        return keeper_state.children(record.keeper_pid) if record is not None and record.alive() else []
     finally:
         keeper_state.use_mac(UNKEYED)
 

@@ -32,7 +32,7 @@ Event = dict[str, Any]
 
 
 def project_root() -> Path:
-    from driver.kernel import project_root as root
+    from driver.kernel.options import project_root as root
 
     return root()
 

@@ -13,12 +13,7 @@ from typing import Any
 
 import anyio
 
-from driver.adapters.base import (
-    HostToolReply,
-    PermissionDecision,
-    PermissionRequest,
-    Ports,
-)
+from driver.adapters.common.base import HostToolReply, PermissionDecision, PermissionRequest, Ports
 from driver.ports.files import AllowedRoots
 from driver.protocol.events import validate_payload
 

@@ -39,7 +39,7 @@ def _install() -> None:
 
         runpath.RunPath.prepare_input = prepare_input  # type: ignore[method-assign]
     if "scan" in FAULTS:
-        from driver import side_effects
+        from driver.kernel import side_effects
 
         snapshot = side_effects.snapshot
 
@@ -74,7 +74,7 @@ def _install() -> None:
 
         room.TelemetryRoom.run = telemetry_run  # type: ignore[method-assign]
     if "heartbeat" in FAULTS:
-        from driver import link
+        from driver.net import link
 
         heartbeats = link.Link._heartbeats
         beat = {"failed": False}

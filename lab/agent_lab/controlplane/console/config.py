@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver.link import is_loopback as is_loopback  # one loopback rule, the driver's (re-exported)
+from driver.net.link import is_loopback as is_loopback  # one loopback rule, the driver's (re-exported)
 
 
 @dataclass(frozen=True)
