@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.adapters import acp_fs, codex_files
+from driver.adapters.codex import files as codex_files
+from driver.adapters.common import changed_files
 
 
 def within(seconds: float, fn: Callable[[], str | None]) -> str | None:
@@ -30,7 +31,7 @@ def within(seconds: float, fn: Callable[[], str | None]) -> str | None:
     return out[0]
 
 
-@pytest.mark.parametrize("hash_of", [acp_fs.sha256_of, lambda p: codex_files.sha256_file(str(p))])
+@pytest.mark.parametrize("hash_of", [changed_files.sha256_of, lambda p: codex_files.sha256_file(str(p))])
 def test_a_sparse_giant_is_not_read(tmp_path: Path, hash_of: Callable[[Path], str | None]) -> None:
     giant = tmp_path.resolve() / "giant.bin"
     with giant.open("wb") as f:
