@@ -169,7 +169,7 @@ AGENT = {"protocolVersion": 1, "agentCapabilities": {"promptCapabilities": {"ima
 
 def plan_of(tmp_path: Path, run_id: str | None, extra: dict[str, Any]) -> reattach.Plan:
     turn = Turn("run-1", "ses-1", 100, 0, extra)
-    record = Record(0, 0, 0, "00", "acp")
+    record = Record(0, 0, 0, "00", "acp", "")
     return reattach.Plan(tmp_path, record, "ses-1", run_id, 100 if run_id else None, 7, frozenset(), turn=turn)
 
 
