@@ -22,6 +22,7 @@ import hmac
 import json
 import os
 import signal
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,13 +161,33 @@ class Turn:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# The largest file read here. A record or host.json is a few hundred bytes; a turn.json's `extra` holds
+# an ACP agent's initialize answer and the run's instructions (a boot payload is at most 1 MiB).
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def _bounded_bytes(path: Path) -> bytes | None:
+    """The file's bytes, or None when it is no regular file of at most MAX_FILE_BYTES. Every start reads
+    the record, and where the driver's state is visible (`containment.degraded`) the agent may have put
+    a fifo there (a plain read blocks for good) or a sparse giant (read whole before its MAC is checked).
+    Raises FileNotFoundError when there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            return None
+        data = f.read(MAX_FILE_BYTES + 1)  # grown since the fstat: still capped
+    return data if len(data) <= MAX_FILE_BYTES else None
+
+
 def _read_json(path: Path) -> Any:
     """The file's value when it is the driver's own (its MAC checks); None when absent or not."""
     try:
-        data = json.loads(path.read_bytes())
+        raw = _bounded_bytes(path)
+        data = json.loads(raw) if raw is not None else None
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         data = None
     body = data.get("value") if isinstance(data, dict) else None
     mac = data.get("mac") if isinstance(data, dict) else None
