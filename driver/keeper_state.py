@@ -257,42 +257,42 @@ def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
         log_file = (keeper_dir(state_dir) / "in.log").open("rb")
     except OSError:
         return 0, set()
-    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
-        lines = [line for line in log_file if b'"id"' in line]
-    for line in lines:
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict) or "id" not in msg:
-            continue
-        if "method" in msg:
-            if isinstance(msg["id"], int):
-                next_id = max(next_id, msg["id"] + 1)
-        elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
-            answered.add(msg["id"])
+    with log_file:  # one line at a time: the log may hold 512 MiB (a file's content the agent had read)
+        for line in log_file:
+            if b'"id"' not in line:
+                continue
+            try:
+                msg = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(msg, dict) or "id" not in msg:
+                continue
+            if "method" in msg:
+                if isinstance(msg["id"], int):
+                    next_id = max(next_id, msg["id"] + 1)
+            elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
+                answered.add(msg["id"])
     return next_id, answered
 
 
-def _input_messages(state_dir: Path, offset: int, needle: bytes) -> list[dict[str, Any]]:
-    """The JSON objects the input log holds from `offset`, among its lines containing `needle`."""
-    out: list[dict[str, Any]] = []
+def _input_messages(state_dir: Path, offset: int, needle: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects the input log holds from `offset`, among its lines containing `needle`, one at
+    a time: the log may hold 512 MiB, and the callers keep only a little of each."""
     try:
         log_file = (keeper_dir(state_dir) / "in.log").open("rb")
     except OSError:
-        return out
-    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
+        return
+    with log_file:
         log_file.seek(offset)
         for line in log_file:
             if needle not in line:
                 continue
             try:
                 msg = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(msg, dict):
-                out.append(msg)
-    return out
+                yield msg
 
 
 def requests_since(state_dir: Path, offset: int, method: str) -> list[int]:
