@@ -160,6 +160,31 @@ def test_the_input_log_names_answered_requests_and_the_next_id(tmp_path: Path) -
     assert kept.stdin_facts(tmp_path) == (8, {3, "s-1"})
 
 
+def test_a_large_input_log_is_read_one_line_at_a_time(tmp_path: Path) -> None:
+    """The input log holds what the driver wrote to the provider, file contents the agent had read
+    included (up to the keeper's 512 MiB). A reattach read it into memory whole: every line holding
+    `"id"` (stdin_facts), every decoded message (replies). 40 answers of 1 MiB: the peak stays a few."""
+    import tracemalloc
+
+    from driver.keeper.state import replies
+
+    folder = kept.keeper_dir(tmp_path)
+    folder.mkdir(parents=True)
+    big = "x" * (1 << 20)
+    with (folder / "in.log").open("wb") as f:
+        for i in range(40):
+            f.write(json.dumps({"id": i, "result": {"content": big}}).encode() + b"\n")
+        f.write(json.dumps({"id": 99, "method": "session/prompt"}).encode() + b"\n")
+    tracemalloc.start()
+    try:
+        assert kept.stdin_facts(tmp_path) == (100, set(range(40)))
+        assert replies(tmp_path) == {i: {} for i in range(40)}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"peak {peak >> 20} MiB"
+
+
 def test_the_gate_suppresses_the_journaled_prefix_then_admits() -> None:
     class Proc:
         past = False

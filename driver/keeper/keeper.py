@@ -36,6 +36,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -49,6 +50,10 @@ AUTH_TIMEOUT_S = 5.0
 KILL_GRACE_S = 3.0
 STDERR_TAIL = 16 * 1024
 SEND_TIMEOUT_S = 30.0
+# After the provider exits, how long its streams may stay open. A process it left (setsid, so outside
+# its group) may hold them for good; what it writes there is not the provider's output, and the driver
+# must hear of the exit as a driver without a keeper does: at once, not at the end of the streams.
+EXIT_DRAIN_S = 1.0
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -93,6 +98,7 @@ class Keeper:
         self.pending: list[Client] = []
         self.no_driver_since: float | None = time.monotonic()
         self.status: int | None = None
+        self.exited_at: float | None = None
         self.stderr_tail = bytearray()
         self.to_stdin = bytearray()
         self.stdin_eof = False
@@ -347,6 +353,27 @@ class Keeper:
                 return
             if pid == self.pid:
                 self.status = os.waitstatus_to_exitcode(status)
+                self.exited_at = time.monotonic()
+
+    def close_streams(self) -> None:
+        """Stop reading the exited provider's stdout and stderr, held open by a process it left, once
+        what the pipes hold is read (a send to a slow driver may have kept us past EXIT_DRAIN_S)."""
+        for _ in range(1024):  # a pipe holds 64 KiB unless resized; a writer that never stops is cut
+            ready = [fd for fd in (self.stdout, self.stderr) if fd >= 0 and select.select([fd], [], [], 0)[0]]
+            if not ready:
+                break
+            for fd in ready:
+                if fd == self.stdout:
+                    self.on_stdout()
+                elif fd == self.stderr:
+                    self.on_stderr()
+        for name in ("stdout", "stderr"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(fd)
+                os.close(fd)
+                setattr(self, name, -1)
 
     def end_tree(self) -> None:
         self.close_stdin()
@@ -388,6 +415,8 @@ class Keeper:
                 elif isinstance(what, Client):
                     self.on_client(what)
             self.reap()
+            if self.exited_at is not None and time.monotonic() - self.exited_at > EXIT_DRAIN_S:
+                self.close_streams()
             # Exited: tell the driver streaming now; with none, keep the status for the next one.
             streaming = self.client is not None and self.client.streaming
             if self.status is not None and self.stdout < 0 and self.stderr < 0 and streaming:

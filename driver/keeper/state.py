@@ -22,6 +22,7 @@ import hmac
 import json
 import os
 import signal
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,13 +161,33 @@ class Turn:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# The largest file read here. A record or host.json is a few hundred bytes; a turn.json's `extra` holds
+# an ACP agent's initialize answer and the run's instructions (a boot payload is at most 1 MiB).
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def _bounded_bytes(path: Path) -> bytes | None:
+    """The file's bytes, or None when it is no regular file of at most MAX_FILE_BYTES. Every start reads
+    the record, and where the driver's state is visible (`containment.degraded`) the agent may have put
+    a fifo there (a plain read blocks for good) or a sparse giant (read whole before its MAC is checked).
+    Raises FileNotFoundError when there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            return None
+        data = f.read(MAX_FILE_BYTES + 1)  # grown since the fstat: still capped
+    return data if len(data) <= MAX_FILE_BYTES else None
+
+
 def read_json(path: Path) -> Any:
     """The file's value when it is the driver's own (its MAC checks); None when absent or not."""
     try:
-        data = json.loads(path.read_bytes())
+        raw = _bounded_bytes(path)
+        data = json.loads(raw) if raw is not None else None
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         data = None
     body = data.get("value") if isinstance(data, dict) else None
     mac = data.get("mac") if isinstance(data, dict) else None
@@ -236,42 +257,42 @@ def stdin_facts(state_dir: Path) -> tuple[int, set[Any]]:
         log_file = (keeper_dir(state_dir) / "in.log").open("rb")
     except OSError:
         return 0, set()
-    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
-        lines = [line for line in log_file if b'"id"' in line]
-    for line in lines:
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict) or "id" not in msg:
-            continue
-        if "method" in msg:
-            if isinstance(msg["id"], int):
-                next_id = max(next_id, msg["id"] + 1)
-        elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
-            answered.add(msg["id"])
+    with log_file:  # one line at a time: the log may hold 512 MiB (a file's content the agent had read)
+        for line in log_file:
+            if b'"id"' not in line:
+                continue
+            try:
+                msg = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(msg, dict) or "id" not in msg:
+                continue
+            if "method" in msg:
+                if isinstance(msg["id"], int):
+                    next_id = max(next_id, msg["id"] + 1)
+            elif ("result" in msg or "error" in msg) and isinstance(msg["id"], int | str):
+                answered.add(msg["id"])
     return next_id, answered
 
 
-def _input_messages(state_dir: Path, offset: int, needle: bytes) -> list[dict[str, Any]]:
-    """The JSON objects the input log holds from `offset`, among its lines containing `needle`."""
-    out: list[dict[str, Any]] = []
+def _input_messages(state_dir: Path, offset: int, needle: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects the input log holds from `offset`, among its lines containing `needle`, one at
+    a time: the log may hold 512 MiB, and the callers keep only a little of each."""
     try:
         log_file = (keeper_dir(state_dir) / "in.log").open("rb")
     except OSError:
-        return out
-    with log_file:  # line by line: the log may be large (bounded by the keeper's log_max_bytes)
+        return
+    with log_file:
         log_file.seek(offset)
         for line in log_file:
             if needle not in line:
                 continue
             try:
                 msg = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(msg, dict):
-                out.append(msg)
-    return out
+                yield msg
 
 
 def requests_since(state_dir: Path, offset: int, method: str) -> list[int]:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from driver.adapters.claude import control
@@ -246,3 +247,80 @@ async def test_hostile_output_is_reported_and_skipped_and_control_requests_are_a
         "a JSON value that is not an object",
         "assistant: no message object",
     ]
+
+
+# A CLI that repeats a request_id, withdraws it, then opens more permission prompts than the cap.
+CONTROL_FLOOD_CLI = r"""
+import json, sys
+def out(o): sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
+def ask(rid): out({"type": "control_request", "request_id": rid,
+                   "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": rid}}})
+init = json.loads(sys.stdin.readline())
+out({"type": "control_response", "response": {"subtype": "success", "request_id": init["request_id"], "response": {}}})
+ask("dup"); ask("dup")
+out({"type": "system", "subtype": "echo", "answer": json.loads(sys.stdin.readline())})
+out({"type": "control_cancel_request", "request_id": "dup"})
+n = int(sys.argv[1])
+for i in range(n + 3):
+    ask(f"c{i}")
+for _ in range(3):
+    out({"type": "system", "subtype": "echo", "answer": json.loads(sys.stdin.readline())})
+out({"type": "system", "subtype": "done"})
+sys.stdin.readline()  # stays until the driver closes it
+"""
+
+
+async def test_a_repeated_request_id_is_refused_and_open_permission_prompts_are_capped(tmp_path: Path) -> None:
+    """A CLI that repeats an open `request_id` gets an error answer for the second (before the fix
+    the second handler took the first's entry, so `control_cancel_request` could not reach the first
+    and its permission stayed open for good); past `MAX_OPEN_PERMISSIONS` open `can_use_tool`s, each
+    further one is answered with an error at once, and the permission port is never asked."""
+    import sys
+
+    from driver.adapters.claude import client as claude_client
+
+    cap = claude_client.MAX_OPEN_PERMISSIONS
+    open_asks: set[str] = set()
+    asked: list[str] = []
+    all_open = anyio.Event()
+
+    async def on_problem(what: str) -> None:
+        pass
+
+    async def on_permission(ask: control.PermissionAsk) -> control.PermissionAnswer:
+        name = str(ask.tool_input["command"])
+        asked.append(name)
+        open_asks.add(name)
+        if len(open_asks) == cap:
+            all_open.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            open_asks.discard(name)
+        raise AssertionError("unreachable")
+
+    client, _ = await claude_client.ClaudeClient.open(
+        [sys.executable, "-c", CONTROL_FLOOD_CLI, str(cap)],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        initialize={},
+        on_permission=on_permission,
+        on_problem=on_problem,
+    )
+    seen: list[wire.Message] = []
+    try:
+        with anyio.fail_after(30):
+            async for m in client.messages():
+                seen.append(m)
+                if isinstance(m, wire.SystemMessage) and m.data.get("subtype") == "done":
+                    break
+            await all_open.wait()
+    finally:
+        await client.close()
+    answers = [m.data["answer"]["response"] for m in seen if isinstance(m, wire.SystemMessage) and "answer" in m.data]
+    assert answers[0] == {"subtype": "error", "request_id": "dup", "error": "control request 'dup' is already open"}
+    assert [a["request_id"] for a in answers[1:]] == [f"c{i}" for i in range(cap, cap + 3)]
+    assert all(a["subtype"] == "error" and "too many permission requests open" in a["error"] for a in answers[1:])
+    # The withdrawn request was the one left open: none of "dup" is asked any more.
+    assert asked.count("dup") == 1 and "dup" not in open_asks
+    assert sorted(asked[1:]) == sorted(f"c{i}" for i in range(cap))

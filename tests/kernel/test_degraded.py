@@ -105,3 +105,38 @@ async def test_handover_never_signals_a_pid_the_agent_wrote_into_the_lock(tmp_pa
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.parametrize("plant", ["mkfifo {f}", "truncate -s 1G {f}"], ids=["fifo", "sparse-giant"])
+async def test_a_keeper_record_the_agent_planted_never_holds_the_next_start(
+    tmp_path: Path, fakes: Fakes, plant: str
+) -> None:
+    """The keeper is refused here, but every start looks for a predecessor's keeper record
+    (`state_dir/driver/keeper/record.json`, visible here). The agent plants a fifo there (the read
+    blocked for good: the next driver never reached `driver.started`) or a 1 GiB sparse file (read
+    whole into the driver before its MAC was checked: its peak RSS passed 1 GiB): the next start
+    refuses it as not the driver's own (`journal.tampered{table: keeper}`) and goes on."""
+    record = tmp_path / "state" / "driver" / "keeper" / "record.json"
+    async with control_plane(tmp_path) as cp:
+        payload = stubborn(tmp_path, cp.url, fakes)
+        d = Driver(tmp_path, payload, env=DEGRADED)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=60)
+            await agent_shell(cp, "run-1", f"mkdir -p {record.parent} && {plant.format(f=record)}")
+            assert record.exists() or record.is_fifo()  # the tool did plant it
+        finally:
+            d.close()
+        successor = Driver(tmp_path, payload, "successor", env=DEGRADED)
+        try:
+            await cp.wait_until(lambda: len(cp.events(INSTANCE, "driver.started")) == 2, 60)
+            diag = await wait_diagnostic(cp, "journal.tampered")
+            assert diag["payload"]["details"]["table"] == "keeper", diag
+            await agent_shell(cp, "run-2", "true")
+            peak = next(
+                int(line.split()[1])
+                for line in Path(f"/proc/{successor.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:")
+            )
+            assert peak < 400 * 1024, f"the successor's peak RSS was {peak} KiB"
+        finally:
+            successor.close()

@@ -612,3 +612,41 @@ async def test_a_run_of_two_prompts_continues_from_its_first(tmp_path: Path, fak
         finally:
             d.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_a_kept_agent_killed_while_a_stray_holds_its_stdio_ends_its_run_crashed(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """The agent's own shell starts a process that leaves its group (setsid) holding the agent's stdout
+    and stderr (through /proc), then kills the agent. Without a keeper the driver sees the exit and the
+    run ends `provider.crashed` at once; the keeper waited for the end of both streams before it said
+    the provider exited, so the run hung until the silence rule (and an idle provider's death was never
+    seen). The run ends `provider.crashed`, and the next run gets a fresh agent."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        payload = runtimes.payload("acp:stubborn", tmp_path, cp.url, fakes)
+        payload["execution"] |= {"reattach_grace_ms": 30_000, "permission_policy": "full_access"}
+        d = Driver(tmp_path, payload, env=FAST)
+        try:
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            assert kept.read_record(state) is not None  # the agent is kept
+            pid = provider_pid(state)
+            stray = "setsid sleep 300 >/proc/$PPID/fd/1 2>/proc/$PPID/fd/2 </dev/null & sleep 0.2; kill -9 $PPID"
+            await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": f"[[own-shell:{stray}]]"})
+            term = await cp.wait_for_event(
+                INSTANCE,
+                lambda e: (
+                    e["kind"].startswith("run.")
+                    and e["run_id"] == "run-1"
+                    and e["kind"] in ("run.completed", "run.failed", "run.cancelled")
+                ),
+                timeout=20,
+            )
+            assert term["kind"] == "run.failed" and term["payload"]["error"]["code"] == "provider.crashed", term
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "hello"})
+            assert (await cp.wait_for_command_status(cid, timeout=60))["status"] == "completed"
+            assert provider_pid(state) != pid
+        finally:
+            d.close()
+            kept.discard(state)

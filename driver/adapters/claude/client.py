@@ -38,6 +38,10 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 QUEUE = 1000  # messages read ahead of the turn that takes them
 INITIALIZE_TIMEOUT_S = 60.0  # the CLI starts its MCP servers before it answers
 REQUEST_TIMEOUT_S = 60.0
+# The CLI's permission prompts open at once. A real CLI asks one per tool call it is about to run (a
+# handful in parallel); a CLI the agent subverted could keep thousands open, each a task here and a
+# pending request at the control plane. Past this, a prompt is answered with an error at once.
+MAX_OPEN_PERMISSIONS = 32
 
 OnPermission = Callable[[control.PermissionAsk], Awaitable[control.PermissionAnswer]]
 OnProblem = Callable[[str], Awaitable[None]]
@@ -63,6 +67,8 @@ class ClaudeClient:
         self._send_queue, self._queue = anyio.create_memory_object_stream[wire.Message](QUEUE)
         self._pending: dict[str, asyncio.Future[control.Reply]] = {}
         self._handlers: dict[str, asyncio.Task[None]] = {}
+        self._asks: dict[str, bool] = {}  # request_id → whether that open handler is a can_use_tool
+        self._refusals: set[asyncio.Task[None]] = set()  # error answers being written (kept referenced)
         self._write_lock = anyio.Lock()
         self.closed = anyio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="claude-read")
@@ -175,7 +181,7 @@ class ClaudeClient:
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(ClientClosed("the Claude Code CLI stopped before it answered"))
-            for task in self._handlers.values():
+            for task in [*self._handlers.values(), *self._refusals]:
                 task.cancel()
 
     async def _line(self, raw: bytes) -> None:
@@ -204,9 +210,12 @@ class ClaudeClient:
                 self._start_handler(data)
                 return
             if kind == "control_cancel_request":
-                task = self._handlers.get(str(data.get("request_id")))
+                # The CLI gave up on it: it expects no answer, and it no longer counts as open.
+                withdrawn = str(data.get("request_id"))
+                task = self._handlers.pop(withdrawn, None)
+                self._asks.pop(withdrawn, None)
                 if task is not None:
-                    task.cancel()  # the CLI gave up on it: it expects no answer
+                    task.cancel()
                 return
             message = wire.parse(data)
         except (control.BadControl, wire.BadMessage) as exc:
@@ -221,9 +230,38 @@ class ClaudeClient:
         request_id, body = frame.get("request_id"), frame.get("request")
         if not isinstance(request_id, str) or not isinstance(body, dict):
             raise control.BadControl("control_request without a request_id and a request object")
+        refusal: str | None = None
+        if request_id in self._handlers:
+            # A second handler under the same id would take the first's entry (and its cleanup remove
+            # the second's), so a control_cancel_request could no longer reach the one left open.
+            refusal = f"control request {request_id!r} is already open"
+        elif body.get("subtype") == "can_use_tool" and self._open_permissions() >= MAX_OPEN_PERMISSIONS:
+            refusal = f"too many permission requests open (limit {MAX_OPEN_PERMISSIONS}); answer or cancel some first"
+        if refusal is not None:
+            log.warning("claude.control_refused", subtype=body.get("subtype"), reason=refusal)
+            task = asyncio.get_running_loop().create_task(
+                self._refuse(request_id, refusal), name="claude-control-refused"
+            )
+            self._refusals.add(task)
+            task.add_done_callback(self._refusals.discard)
+            return
         task = asyncio.get_running_loop().create_task(self._answer(request_id, body), name="claude-control")
         self._handlers[request_id] = task
-        task.add_done_callback(lambda _t: self._handlers.pop(request_id, None))
+        self._asks[request_id] = body.get("subtype") == "can_use_tool"
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._handlers.get(request_id) is done:  # only its own entry, never a later one's
+                del self._handlers[request_id]
+                self._asks.pop(request_id, None)
+
+        task.add_done_callback(forget)
+
+    def _open_permissions(self) -> int:
+        return sum(1 for ask in self._asks.values() if ask)
+
+    async def _refuse(self, request_id: str, message: str) -> None:
+        with contextlib.suppress(ClientClosed):
+            await self._write(control.error(request_id, message))
 
     async def _answer(self, request_id: str, body: dict[str, Any]) -> None:
         subtype = body.get("subtype")
