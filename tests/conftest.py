@@ -1,13 +1,17 @@
-"""Suite-wide scheduling for parallel runs (`make test` runs `pytest -n 4 --dist loadgroup`).
+"""Suite-wide scheduling for parallel runs (`make test` runs `pytest -n 4`, pytest-xdist).
 
-Most of the suite's time is waiting on real runtimes, so it runs in pytest-xdist workers. Under xdist:
-- each test file is one group (`xdist_group`), so a file's module-scoped set-up (fake endpoints, a
-  built wheel, a browser) is made once, on one worker, as with `--dist loadfile`;
-- the files that drive real processes are handed out first (the longest work starts first);
-- tests marked `serial` (they measure time, CPU or memory) form one group, handed out first, and run
+Most of the suite's time is waiting on real runtimes, so it runs in worker processes. Under xdist:
+- the unit of work is a test file (its module-scoped set-up, e.g. fake endpoints, a built wheel, a
+  browser, is made once, on one worker), except in the folders whose tests each start their own
+  driver process and share only in-process fake endpoints (`SPREAD`): there each test is a unit, so a
+  long file does not hold the run's tail;
+- tests marked `serial` (they measure time, CPU or memory) are one unit, handed out first, and run
   while no other test runs: every test holds a shared lock for its whole protocol (set-up, call,
-  tear-down) and a serial test an exclusive one, with a turnstile so that waiting serial tests are
-  not starved by the others. The lock is taken outside pytest-timeout's timer.
+  tear-down), a serial test an exclusive one (kept across consecutive serial tests), with a turnstile
+  so that other workers' tests cannot starve it. The lock is taken outside pytest-timeout's timer;
+- then the heavier units first (tests that start real processes weigh more).
+The scheduler is xdist's LoadScopeScheduling with these units (`pytest_xdist_make_scheduler`): xdist's
+own `--dist loadgroup` cannot be used, its group suffix is lost with pytest 9's node ids.
 Without xdist nothing changes: no lock, no reordering.
 """
 
@@ -17,36 +21,76 @@ import fcntl
 import os
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SERIAL = "serial"
-# Files with tests of these markers start real driver or runtime processes: seconds per test.
+SERIAL_IDS = "serial-tests.txt"  # written by the workers into the run's folder, read by the scheduler
+SPREAD = ("tests/kernel/", "tests/faults/")
+# Tests of these markers start real driver or runtime processes: seconds each.
 SLOW_MARKERS = ("provider", "faults", "image", "browser")
 
 
-def _parallel() -> bool:
+def _worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def _run_folder(config: pytest.Config) -> Path:
+    """The run's folder: the controller's basetemp; a worker's is <run>/popen-gwN."""
+    base: Path = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return base.parent if _worker() else base
 
 
 def _is_serial(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker(SERIAL) is not None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids
+def unit_of(nodeid: str, serial: bool) -> str:
+    """The unit of work a test belongs to (the same rule in the workers and in the scheduler)."""
+    if serial:
+        return SERIAL
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path.startswith(SPREAD) else path
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _parallel():
+    if not _worker():
         return
     weight: dict[str, int] = {}
     for item in items:
-        group = SERIAL if _is_serial(item) else item.nodeid.split("::", 1)[0]
-        if not any(m.name == "xdist_group" for m in item.iter_markers()):
-            item.add_marker(pytest.mark.xdist_group(group))
         slow = any(item.get_closest_marker(m) for m in SLOW_MARKERS)
-        weight[group] = weight.get(group, 0) + (20 if slow else 1)
-    # Every worker sorts the same way (xdist checks that the collections are equal).
-    rank = {g: (g != SERIAL, -w) for g, w in weight.items()}
-    items.sort(key=lambda it: rank[SERIAL if _is_serial(it) else it.nodeid.split("::", 1)[0]])
+        unit = unit_of(item.nodeid, _is_serial(item))
+        weight[unit] = weight.get(unit, 0) + (20 if slow else 1)
+    # Every worker sorts the same way (xdist checks that the collections are equal); the scheduler
+    # hands the units out in this order. sort is stable: a file's tests stay together, in order.
+    rank = {unit: (unit != SERIAL, -w) for unit, w in weight.items()}
+    items.sort(key=lambda it: rank[unit_of(it.nodeid, _is_serial(it))])
+    serial = "".join(f"{it.nodeid}\n" for it in items if _is_serial(it))
+    folder = _run_folder(config)
+    mine = folder / f"{SERIAL_IDS}.{os.environ['PYTEST_XDIST_WORKER']}"
+    mine.write_text(serial)
+    mine.replace(folder / SERIAL_IDS)  # before this worker reports its collection
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist (`-p no:xdist`)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None  # `--dist each` and others: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):  # type: ignore[misc]
+        """LoadScopeScheduling over `unit_of`, in the collection's order."""
+
+        serial: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.serial is None:  # first called once every worker has collected
+                self.serial = set((_run_folder(config) / SERIAL_IDS).read_text().splitlines())
+            return unit_of(nodeid, nodeid in self.serial)
+
+    config.option.loadscopereorder = False  # the workers' order: serial first, then by weight
+    return Units(config, log)
 
 
 class _Locks:
@@ -81,13 +125,11 @@ LOCKS = pytest.StashKey[_Locks]()
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: outside pytest-timeout's timer
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-    if not _parallel():
+    if not _worker():
         yield
         return
     if LOCKS not in item.config.stash:
-        # A worker's basetemp is <run>/popen-gwN: the run's folder is shared by its workers only.
-        folder = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
-        item.config.stash[LOCKS] = _Locks(folder)
+        item.config.stash[LOCKS] = _Locks(_run_folder(item.config))
     locks = item.config.stash[LOCKS]
     serial = _is_serial(item)
     locks.acquire(serial)
