@@ -211,6 +211,7 @@ async def test_supervised_tool_call_denied(harness: Harness) -> None:
     assert outcome.final_message_text == "write done"  # the fake answers any tool result the same way
 
 
+@pytest.mark.serial  # cancel to outcome within 3 s
 async def test_cancel_mid_stream_then_next_turn_works(harness: Harness) -> None:
     adapter, events, _ = harness.adapter()
     await adapter.start()

@@ -264,6 +264,7 @@ async def test_full_access_runs_without_asking(tmp_path: Path, fake: FakeRespons
 
 
 @pytest.mark.provider
+@pytest.mark.serial  # interrupt to outcome within 5 s
 async def test_interrupt_mid_stream_then_next_turn_works(tmp_path: Path, fake: FakeResponses) -> None:
     h = make(tmp_path, fake.base_url)
     await h.adapter.start()

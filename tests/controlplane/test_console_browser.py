@@ -199,7 +199,9 @@ def test_a_denied_permission_declines_the_tool(console: Console) -> None:
 
 
 def test_a_slow_run_is_cancelled_with_its_phase(console: Console) -> None:
-    run_id = console.send("[[slow]] take your time")
+    # 60 s of reply (not [[slow]]'s 20): on a loaded machine the page may learn of the run late, and
+    # only a working cancel ends it early.
+    run_id = console.send("[[slow:1200]] take your time")
     console.wait(
         lambda _: any(n.text.strip() for n in console.css('.message[data-state="streaming"] .text')),
         "the slow reply streaming",

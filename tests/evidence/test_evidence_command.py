@@ -36,6 +36,7 @@ def _ms_fields(value: Any) -> list[Any]:
 
 
 @pytest.mark.provider
+@pytest.mark.serial  # its 3-minute budget is measured
 @pytest.mark.timeout(300)  # its own budget is asserted below (180 s); the suite's 120 s cut it short
 def test_quick_evidence_for_acp(tmp_path: Path) -> None:
     out, md = tmp_path / "evidence.json", tmp_path / "evidence.md"

@@ -168,6 +168,7 @@ async def flood(tmp_path: Any, drivers: Drivers, count: int, seconds: float) -> 
         return figures
 
 
+@pytest.mark.serial  # RSS growth and first-token times against a baseline
 async def test_ten_thousand_commands_in_ten_seconds(tmp_path: Any, drivers: Drivers) -> None:
     await flood(tmp_path, drivers, 10_000, 10.0)
 

@@ -84,6 +84,7 @@ def attachment(url: str) -> dict[str, Any]:
     return {"name": "blob.bin", "url": url, "sha256": hashlib.sha256(BODY).hexdigest(), "size": len(BODY)}
 
 
+@pytest.mark.serial  # ended within 3 s
 async def test_cancel_ends_a_run_downloading_an_attachment(tmp_path: Path, trickle: Trickle) -> None:
     async with control_plane(tmp_path) as cp:
         d = DriverProcess(tmp_path, boot_payload(tmp_path, cp.url))

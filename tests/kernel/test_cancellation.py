@@ -56,6 +56,7 @@ async def assert_next_run_works(cp: Any, run_id: str) -> None:
     assert terminals(cp, run_id)[-1]["payload"]["final_message_text"] == f"{run_id} ok"
 
 
+@pytest.mark.serial  # cancel to signal in bounded time (< 3 s)
 @pytest.mark.parametrize(("mode", "phase"), [("ignore-cancel", "terminate"), ("ignore-term", "kill")])
 async def test_escalation_reaches_signals_in_bounded_time_then_restarts(
     tmp_path: Path, drivers: list[Driver], mode: str, phase: str

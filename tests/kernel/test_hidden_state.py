@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import reach
 from tests.integration.harness import INSTANCE, ROOT, TOKEN, control_plane
 from tests.kernel import runtimes
 from tests.kernel.runtimes import RUNTIMES, Fakes
@@ -109,9 +110,11 @@ async def test_without_a_mount_namespace_the_driver_says_so_once(tmp_path: Path,
 
 
 def spawn_as(uid: int, boot: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The driver as `uid`, with the checkout and the interpreter reachable even when a folder above
+    them is closed to that uid (a clone under a 0700 folder)."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            [*reach.as_uid(uid, uid, reach.interpreter_paths()),
              sys.executable, "-m", "driver.cli", "run", "--boot-file", str(boot)],
             stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT, start_new_session=True,
         )  # fmt: skip

@@ -206,6 +206,7 @@ class SlowRecorder(Recorder):
         await super().emit(kind, payload)
 
 
+@pytest.mark.serial  # the timeout measured to a tenth of a second
 async def test_timeout_fires_at_expires_at_even_when_emit_blocks() -> None:
     rec = SlowRecorder(delay_s=1.0)
     b = broker(rec, timeout_ms=1200)
