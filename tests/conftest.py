@@ -137,3 +137,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
     finally:
         locks.release(keep=serial and _is_serial(nextitem))
+
+
+@pytest.fixture(autouse=True)
+def _containment_state() -> Generator[None, None, None]:
+    """The containment choice is made once per driver process (driver/containment/wrapper.py keeps it in
+    module state); a test that forces a mode or reports a degraded one must not leave it to the next test
+    of its worker (test_keeper's reattach plan saw a visible state after test_containment's)."""
+    from driver.containment import wrapper
+
+    saved = (wrapper._prefix, wrapper._private, list(wrapper._degraded), wrapper._state_visible)
+    yield
+    wrapper._prefix, wrapper._private, wrapper._state_visible = saved[0], saved[1], saved[3]
+    wrapper._degraded[:] = saved[2]
