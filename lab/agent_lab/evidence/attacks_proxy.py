@@ -1,5 +1,5 @@
 """Issue 30's attacks on the model proxy and the loopback listeners, each through the real driver
-(ported from tests/integration/test_proxy_attacks.py): an agent-written `base_url` after a driver
+(the attacks of tests/integration/test_proxy_attacks.py): an agent-written `base_url` after a driver
 restart, a link planted where the driver writes the proxied CODEX_HOME, the proxy as a relay and a
 burst against a token budget (a script the agent runs), keyless floods and idle sockets.
 

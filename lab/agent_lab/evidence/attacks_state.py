@@ -1,5 +1,5 @@
 """Issue 30's attacks on what the driver keeps under state_dir, each through the real driver from inside
-the provider tree (ported from tests/kernel/test_bricking.py, test_degraded.py, test_checkpoints.py and
+the provider tree (the attacks of tests/kernel/test_bricking.py, test_degraded.py, test_checkpoints.py and
 the keeper's fingerprint test): the agent's home replaced by a file, a rewritten process ring, a forged
 lock under --handover, a kept provider under another boot payload, sparse giants in the native session.
 """
