@@ -244,7 +244,8 @@ def _listen_failure(exc: OSError, args: argparse.Namespace) -> str:
 def _taken_ports(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """(flag, host, port) of each port this control plane would listen on that is taken now."""
     wanted = [("--port", args.host, args.port), ("--http-port", args.http_host, args.http_port)]
-    return [(flag, host, port) for flag, host, port in wanted if port > 0 and _taken(host, port)]
+    reuse = bool(getattr(args, "reuse_port", False))  # gateways share their ports: only a non-sharer is in the way
+    return [(flag, host, port) for flag, host, port in wanted if port > 0 and _taken(host, port, reuse=reuse)]
 
 
 def _in_use(flag: str, host: str, port: int) -> str:
@@ -255,13 +256,17 @@ def _in_use(flag: str, host: str, port: int) -> str:
     )
 
 
-def _taken(host: str, port: int) -> bool:
-    """True when `host:port` cannot be bound now (asked after a failed start, to name the port)."""
+def _taken(host: str, port: int, *, reuse: bool = False) -> bool:
+    """True when `host:port` cannot be bound now (asked after a failed start, to name the port). With
+    `reuse` (gateways, `--reuse-port`) the probe shares the port as the gateways do, so a running
+    gateway does not make the next one refuse to start."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             s.bind((host, port))
         except OSError:
