@@ -71,7 +71,7 @@ async def test_a_batch_against_a_takeover_stores_nothing_once_the_takeover_commi
             "UPDATE instances SET link_generation = link_generation + 1 WHERE instance_id = $1", INSTANCE
         )
         await send(old, batch(1, [event(1)]))
-        async with asyncio.timeout(5):  # the batch's transaction is now waiting on the row lock
+        async with asyncio.timeout(30):  # the batch's transaction is now waiting on the row lock
             # The database tells no event for "a backend waits on a lock": its view is polled.
             while not await takeover.fetchval(  # noqa: ASYNC110
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR SHARE%'"
