@@ -295,6 +295,29 @@ async def test_a_malformed_frame_ends_the_connection_not_the_keeper(tmp_path: Pa
         kept.discard(tmp_path)
 
 
+def test_a_keeper_record_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    """Issue 30: `write_json` opened `<name>.tmp` with O_CREAT|O_TRUNC, following a link: one planted
+    there (the keeper's folder is visible where containment is degraded) made the driver truncate and
+    overwrite the file it named (its journal, say), then rename the link over the record. Now the
+    temporary name is fresh (O_EXCL|O_NOFOLLOW): the target is untouched, the record a regular file
+    that reads back, and no temporary file is left."""
+    folder = kept.keeper_dir(tmp_path)
+    folder.mkdir(parents=True)
+    victim = tmp_path / "journal.db"
+    victim.write_bytes(b"the driver's journal")
+    (folder / "turn.tmp").symlink_to(victim)  # the temporary name the old code used
+    keeper_state.write_json(folder / "turn.json", {"run_id": "run-1", "thread_id": "t", "offset": 0})
+    assert victim.read_bytes() == b"the driver's journal"
+    assert not (folder / "turn.json").is_symlink()
+    assert keeper_state.read_json(folder / "turn.json") == {"run_id": "run-1", "thread_id": "t", "offset": 0}
+    assert (folder / "turn.json").stat().st_mode & 0o777 == 0o600
+    # A link at the record's own name is replaced, not followed.
+    (folder / "host.json").symlink_to(victim)
+    keeper_state.write_json(folder / "host.json", {"port": 1, "token": "t"})
+    assert victim.read_bytes() == b"the driver's journal" and not (folder / "host.json").is_symlink()
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["host.json", "turn.json"]
+
+
 def test_a_keeper_file_the_driver_did_not_write_is_not_acted_on(tmp_path: Path) -> None:
     """PROTOCOL §9: record.json names a pid the next driver may SIGKILL; one without the driver's MAC
     (edited, or written under another key) is ignored and reported, like processes.json."""

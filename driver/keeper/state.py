@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from driver import containment
+from driver import agent_files, containment
 from driver.queue.rowmac import UNKEYED, RowMac
 
 if TYPE_CHECKING:
@@ -227,12 +227,15 @@ def read_turn(state_dir: Path) -> Turn | None:
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write a MAC'd record (0600) through a fresh `O_EXCL|O_NOFOLLOW` name and a rename: a link planted
+    in the keeper's folder (it is visible where containment is degraded) is replaced, never written
+    through. Raises OSError, as the callers expect of a write."""
     # No fsync: these files serve a driver crash, which leaves the page cache intact.
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"value": value, "mac": _mac_of(path.name, _canonical(value))}, f)
-    tmp.replace(path)
+    data = json.dumps({"value": value, "mac": _mac_of(path.name, _canonical(value))}).encode()
+    try:
+        agent_files.write_file(path.parent, path.name, data, mode=0o600)
+    except agent_files.AgentFileError as exc:
+        raise OSError(str(exc)) from None
 
 
 def discard(state_dir: Path) -> bool:

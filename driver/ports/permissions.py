@@ -17,11 +17,23 @@ from typing import Any, Literal, cast
 
 import anyio
 
+from driver import logs
 from driver.interfaces import PermissionDecision, PermissionOption, PermissionOptionKind, PermissionRequest
 from driver.queue.asked import Asked
 
+log = logs.get(__name__)
+
 Emit = Callable[[str, dict[str, Any]], Awaitable[object]]
 DecidedBy = Literal["control_plane", "policy", "timeout", "cancel"]
+
+# Requests open at once (supervised), for every runtime. A real provider asks one per tool call it is
+# about to run, a handful in parallel; a provider the agent subverted could keep thousands open, each a
+# task here and a pending request at the control plane. Past this, a request is refused at once and
+# never reaches the CP. The Claude client refuses its CLI's prompts at the same bound.
+MAX_OPEN_REQUESTS = 32
+# Refusals past the bound each make a log line; only the first few become `diagnostic.reported`, then
+# one saying the rest are only counted, so a flooding provider cannot flood the outbox instead.
+OVERFLOW_DIAGNOSTICS = 5
 
 
 def resolved_payload(request_id: str, outcome: str, option_id: str | None, decided_by: DecidedBy) -> dict[str, Any]:
@@ -78,6 +90,7 @@ class PermissionBroker:
         self._durable = durable
         self.rejected_tool_calls: set[str] = set()
         self._carried: dict[str, _Carried] = {}  # request_id → a predecessor's request (reattach)
+        self.refused_over_cap = 0  # requests refused because MAX_OPEN_REQUESTS were open
 
     def carry(self, records: list[Asked]) -> None:
         """A reattach (PROTOCOL §8.2): the requests the run's dead predecessor announced, as journaled.
@@ -106,6 +119,10 @@ class PermissionBroker:
             if decision.outcome != "allowed":
                 self.rejected_tool_calls.add(request.tool_call_id)
             return decision
+        supervised = self.policy != "full_access"
+        if supervised and carried is None and len(self._pending) >= MAX_OPEN_REQUESTS:
+            # Checked and acted on before any await: a burst of requests cannot all pass the check.
+            return await self._refuse_over_cap(request)
         pending = _Pending(request)
         if carried is not None:
             # The CP has this request_id already: it keeps it and its expires_at, and is not told twice.
@@ -122,7 +139,6 @@ class PermissionBroker:
             # outbox's backpressure): the timeout fires at `expires_at`, however long the emit took.
             deadline = anyio.current_time() + self.timeout_s
             expires = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
-        supervised = self.policy != "full_access"
         if supervised:
             # Pending from the start: the event may reach the CP, and its answer come back, while
             # `emit` still waits.
@@ -178,6 +194,31 @@ class PermissionBroker:
             # would have to call cancelled. One group commit, against a human's answer.
             await self._durable()
         return decision
+
+    async def _refuse_over_cap(self, request: PermissionRequest) -> PermissionDecision:
+        """A request past `MAX_OPEN_REQUESTS`: rejected at once (a reject option when it has one), with
+        neither `permission.requested` nor `permission.resolved` (the CP never had it to decide)."""
+        self.refused_over_cap += 1
+        reason = (
+            f"too many permission requests open (limit {MAX_OPEN_REQUESTS}); "
+            f"request for tool call {request.tool_call_id!r} refused without asking the control plane"
+        )
+        log.warning("permission.refused_over_cap", tool_call_id=request.tool_call_id, refused=self.refused_over_cap)
+        self.rejected_tool_calls.add(request.tool_call_id)
+        if self.refused_over_cap <= OVERFLOW_DIAGNOSTICS + 1:
+            if self.refused_over_cap > OVERFLOW_DIAGNOSTICS:
+                reason = "the provider keeps asking past the open permission limit: further refusals are only logged"
+            details = {
+                "limit": MAX_OPEN_REQUESTS,
+                "refused": self.refused_over_cap,
+                "tool_call_id": request.tool_call_id,
+            }
+            await self._emit(
+                "diagnostic.reported",
+                {"code": "permission.too_many_open", "severity": "warning", "message": reason, "details": details},
+            )
+        reject = _first(request.options, "reject")
+        return PermissionDecision("rejected", reject.option_id if reject else None, reject.kind if reject else None)
 
     async def _announce(
         self, request_id: str, pending: _Pending, outcome: str, option_id: str | None, decided_by: DecidedBy

@@ -211,6 +211,22 @@ async def test_file_change_approved_reports_file_changed(tmp_path: Path, fake: F
 
 
 @pytest.mark.provider
+async def test_a_file_change_outside_cwd_is_not_reported(tmp_path: Path, fake: FakeResponses) -> None:
+    """The real Codex writes `../outside.txt` (approved): the driver neither hashes nor reports a file
+    outside the allowed roots. Before issue 30's fix it reported `file.changed{path: "../outside.txt"}`."""
+    h = make(tmp_path, fake.base_url, perms=ScriptedPermissions(allow_first))
+    await h.adapter.start()
+    try:
+        outcome = await h.run("[[write:../outside.txt:from codex]]")
+        assert outcome.status == "completed" and outcome.final_message_text == "write done", outcome
+        assert (tmp_path / "outside.txt").read_text() == "from codex\n"  # Codex did write it
+        assert h.events.of("tool.completed")[0]["status"] == "completed"
+        assert h.events.of("file.changed") == []
+    finally:
+        await h.adapter.stop()
+
+
+@pytest.mark.provider
 async def test_host_tools_and_a_configured_mcp_server(tmp_path: Path, fake: FakeResponses) -> None:
     # A second instance of our MCP server stands in for a user's HTTP MCP server, reached with a header
     # whose value Codex takes from the environment.

@@ -295,3 +295,52 @@ def test_turn_outcomes_a_cancel_wins_over_anything_but_completed() -> None:
         "codex refused turn/start: busy",
         {"code": -32600},
     )
+
+
+def test_file_changes_outside_the_allowed_roots_are_dropped(tmp_path: Path) -> None:
+    """A path Codex names in a `fileChange` item or the turn's diff is the agent's word: admitted through
+    the files port, one outside cwd and the other roots (`../`, absolute, through a planted link, the
+    driver's own state) is neither hashed nor reported. Before issue 30's fix every one was joined to
+    cwd and reported (`../outside/x.txt` in `file.changed`)."""
+    from driver.ports.files import AllowedRoots, driver_private
+
+    cwd, memory, outside, state = (tmp_path / n for n in ("cwd", "memory", "outside", "state"))
+    for d in (cwd, memory, outside, state / "driver"):
+        d.mkdir(parents=True)
+    (cwd / "escape").symlink_to(outside)
+    files = AllowedRoots(cwd, [memory], private=driver_private(state))
+    turn = CodexTurn("run-1", str(cwd), "th", turn_id="tu", admit=files.admit)
+    change = {
+        "type": "fileChange",
+        "id": "fc1",
+        "status": "completed",
+        "changes": [
+            {"path": "in.txt", "kind": {"type": "add"}, "diff": ""},
+            {"path": "../outside/x.txt", "kind": {"type": "add"}, "diff": ""},
+            {"path": str(outside / "y.txt"), "kind": {"type": "update"}, "diff": ""},
+            {"path": "escape/z.txt", "kind": {"type": "add"}, "diff": ""},
+            {"path": str(state / "driver" / "journal.db"), "kind": {"type": "update"}, "diff": ""},
+            {"path": str(memory / "m.txt"), "kind": {"type": "add"}, "diff": ""},
+            {"path": "old.txt", "kind": {"type": "update", "move_path": "../outside/moved.txt"}, "diff": ""},
+        ],
+    }
+    out = _emitted(turn, "item/completed", {"item": change})
+    touched = [(f.path, f.relpath, f.change) for f in out if isinstance(f, FileTouched)]
+    real_cwd, real_memory = cwd.resolve(), memory.resolve()
+    assert touched == [
+        (str(real_cwd / "in.txt"), "in.txt", "created"),
+        (str(real_memory / "m.txt"), str(real_memory / "m.txt"), "created"),
+        (str(real_cwd / "old.txt"), "old.txt", "deleted"),
+    ]
+    diff = (
+        "diff --git a/../outside/d.txt b/../outside/d.txt\n--- /dev/null\n+++ b/../outside/d.txt\n"
+        "diff --git a/k.txt b/k.txt\n--- a/k.txt\n+++ b/k.txt\n"
+        "diff --git a/escape/e.txt b/escape/e.txt\n--- a/escape/e.txt\n+++ /dev/null\n"
+    )
+    from_diff = _emitted(turn, "turn/diff/updated", {"diff": diff})
+    assert [(f.relpath, f.change) for f in from_diff if isinstance(f, FileTouched)] == [("k.txt", "modified")]
+
+    # Without the port (the default), a path is kept only when it is lexically inside cwd.
+    lexical = CodexTurn("run-1", "/w", "th", turn_id="tu")
+    out = _emitted(lexical, "item/completed", {"item": {**change, "changes": change["changes"][:3]}})
+    assert [(f.path, f.relpath) for f in out if isinstance(f, FileTouched)] == [("/w/in.txt", "in.txt")]

@@ -255,3 +255,55 @@ async def test_a_request_the_provider_withdraws_resolves_cancelled() -> None:
     assert rec.payload("permission.resolved")["outcome"] == "cancelled"
     assert rec.payload("permission.resolved")["decided_by"] == "cancel"
     assert b.pending_count == 0
+
+
+async def test_requests_past_the_open_bound_are_rejected_at_once_with_a_bounded_diagnostic() -> None:
+    """`MAX_OPEN_REQUESTS` open: each further request is rejected (its reject option) without
+    `permission.requested`; the first `OVERFLOW_DIAGNOSTICS` refusals are reported, then one saying the
+    rest are only logged. A slot freed by a decision is usable again."""
+    from driver.ports.permissions import MAX_OPEN_REQUESTS, OVERFLOW_DIAGNOSTICS
+
+    rec = Recorder()
+    b = broker(rec)
+    decisions: list[PermissionDecision] = []
+
+    async def asker(i: int) -> None:
+        decisions.append(await b.request(PermissionRequest(f"tool-{i}", "Run", OPTIONS)))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for i in range(MAX_OPEN_REQUESTS):
+                tg.start_soon(asker, i)
+            while b.pending_count < MAX_OPEN_REQUESTS:
+                await anyio.lowlevel.checkpoint()
+            over = [
+                await b.request(PermissionRequest(f"over-{i}", "Run", OPTIONS)) for i in range(OVERFLOW_DIAGNOSTICS + 3)
+            ]
+            assert all(d == PermissionDecision("rejected", "opt-reject", "reject_once") for d in over)
+            assert rec.kinds.count("permission.requested") == MAX_OPEN_REQUESTS
+            diagnostics = [p for k, p in rec.events if k == "diagnostic.reported"]
+            assert len(diagnostics) == OVERFLOW_DIAGNOSTICS + 1
+            assert {d["code"] for d in diagnostics} == {"permission.too_many_open"}
+            assert "only logged" in diagnostics[-1]["message"]
+            assert {f"over-{i}" for i in range(len(over))} <= b.rejected_tool_calls
+            assert b.refused_over_cap == len(over)
+            # One decided: the next request is asked of the CP again.
+            first = next(p for k, p in rec.events if k == "permission.requested")
+            b.resolve(first["request_id"], "opt-allow")
+            while b.pending_count == MAX_OPEN_REQUESTS:
+                await anyio.lowlevel.checkpoint()
+            tg.start_soon(asker, 999)
+            while rec.kinds.count("permission.requested") == MAX_OPEN_REQUESTS:
+                await anyio.lowlevel.checkpoint()
+            b.cancel_all()
+    assert b.refused_over_cap == len(over)
+
+
+async def test_full_access_has_no_open_bound() -> None:
+    """Under full_access nothing stays open: a burst past the bound is all allowed by policy."""
+    from driver.ports.permissions import MAX_OPEN_REQUESTS
+
+    rec = Recorder()
+    b = broker(rec, policy="full_access")
+    decisions = [await b.request(PermissionRequest(f"t{i}", "Run", OPTIONS)) for i in range(MAX_OPEN_REQUESTS + 2)]
+    assert all(d.outcome == "allowed" for d in decisions) and b.refused_over_cap == 0

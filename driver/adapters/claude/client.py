@@ -30,6 +30,7 @@ from driver import logs
 from driver.adapters.claude import control
 from driver.adapters.claude import messages as wire
 from driver.adapters.common.process import ProviderProcess
+from driver.ports.permissions import MAX_OPEN_REQUESTS
 
 log = logs.get(__name__)
 
@@ -38,10 +39,10 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 QUEUE = 1000  # messages read ahead of the turn that takes them
 INITIALIZE_TIMEOUT_S = 60.0  # the CLI starts its MCP servers before it answers
 REQUEST_TIMEOUT_S = 60.0
-# The CLI's permission prompts open at once. A real CLI asks one per tool call it is about to run (a
-# handful in parallel); a CLI the agent subverted could keep thousands open, each a task here and a
-# pending request at the control plane. Past this, a prompt is answered with an error at once.
-MAX_OPEN_PERMISSIONS = 32
+# The CLI's permission prompts open at once: the permission port's one bound for every runtime
+# (driver/ports/permissions.py). Refused here already, past it a prompt is answered with an error at
+# once without even a task of its own.
+MAX_OPEN_PERMISSIONS = MAX_OPEN_REQUESTS
 
 OnPermission = Callable[[control.PermissionAsk], Awaitable[control.PermissionAnswer]]
 OnProblem = Callable[[str], Awaitable[None]]

@@ -31,7 +31,7 @@ from driver.adapters.codex.outcome import refused_outcome, turn_outcome
 from driver.adapters.codex.process import CodexProcess, watch_exit
 from driver.adapters.codex.thread import RUNTIME
 from driver.adapters.codex.turn import CodexTurn, FileTouched
-from driver.adapters.common import attachments, host_server, instructions
+from driver.adapters.common import attachments, changed_files, host_server, instructions
 from driver.adapters.common.base import Adapter, AdapterConfig, Ports, ProviderError, SteerRefused, TurnOutcome
 from driver.adapters.common.host_server import HOST_TOKEN_ENV
 from driver.adapters.common.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, PeerClosed
@@ -107,7 +107,7 @@ class CodexAdapter(Adapter):
             # No await since open(): the peer's reader (a task not yet run) finds the turn in place.
             self._thread_id = plan.thread_id
             if plan.run_id is not None:
-                self._turn = CodexTurn(plan.run_id, str(self._cwd), plan.thread_id)
+                self._turn = CodexTurn(plan.run_id, str(self._cwd), plan.thread_id, admit=self.ports.files.admit)
                 self._turn_ended = anyio.Event()
             await self.ports.emit("runtime.resume.updated", {"runtime": RUNTIME, "value": self._thread_id})
             return
@@ -210,7 +210,7 @@ class CodexAdapter(Adapter):
             raise ProviderError("driver.run_active", "a turn is already running", retryable=True)
         if peer.closed.is_set() or proc.returncode is not None:
             raise await self._codex.crashed("codex is not running")
-        turn = CodexTurn(run_id, str(self._cwd), self._thread_id)
+        turn = CodexTurn(run_id, str(self._cwd), self._thread_id, admit=self.ports.files.admit)
         self._turn = turn
         self._mark(run_id)
         self._cancel_requested = anyio.Event()
@@ -332,10 +332,12 @@ class CodexAdapter(Adapter):
         had_turn_id, was_active = turn.turn_id is not None, turn.active
         for out in turn.handle(method, params):
             if isinstance(out, FileTouched):
+                # Admitted by the turn (out.path is resolved, inside the allowed roots); opened
+                # without following a link planted since.
                 digest = (
                     None
                     if out.change == "deleted"
-                    else await anyio.to_thread.run_sync(codex_files.sha256_file, out.path)
+                    else await anyio.to_thread.run_sync(changed_files.sha256_of, Path(out.path))
                 )
                 if (out.path, digest) not in turn.reported_files:
                     turn.reported_files.add((out.path, digest))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from driver import agent_files, logs
 from driver.adapters.codex.config import CodexConfigError, CodexSettings, render_config, settings_from
-from driver.adapters.common import changed_files, instructions
+from driver.adapters.common import instructions
 from driver.adapters.common.base import AdapterConfig, ProviderError
 
 # npm package suffix and Rust target triple of the platform binary, by machine.
@@ -68,20 +68,6 @@ def codex_binary(project_root: Path, machine: str | None = None) -> Path:
             f"codex binary not found at {path} (install the pinned @openai/codex with `npm install`)",
         )
     return path
-
-
-def sha256_file(path: str) -> str | None:
-    """The sha256 of a regular file; None for one that is gone or is not a regular file (a FIFO the
-    agent left under that name is opened without blocking, and refused)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return changed_files.bounded_sha256(f)  # a sparse giant is not read (sha256 null)
-    except OSError:
-        return None
 
 
 def prepare_home(config: AdapterConfig, host_mcp_url: str | None) -> tuple[Path, dict[str, str], CodexSettings]:

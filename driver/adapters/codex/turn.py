@@ -6,14 +6,22 @@ the provider's. The final message comes from `item/completed` notifications, nev
 of `turn/completed`, which Codex does not reliably fill.
 
 File changes need the new content's hash, which is I/O: they are returned as `FileTouched` values for
-the adapter to hash and emit as `file.changed`.
+the adapter to hash and emit as `file.changed`. A path Codex names is the agent's word: it is admitted
+first (`admit`, the files port's, whose resolve is the only filesystem access here), and one outside the
+allowed roots (or in the driver's own state) is dropped, never hashed nor reported. Without `admit` a
+path is kept only when it is lexically inside cwd.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from driver.adapters.common.changed_files import relative_to_cwd
+from driver.interfaces import PathNotAllowed
 
 Emit = tuple[str, dict[str, Any]]
 
@@ -25,7 +33,8 @@ _MAX_TOOL_OUTPUT = 64 * 1024
 
 @dataclass(frozen=True, slots=True)
 class FileTouched:
-    """A file a completed change wrote or removed: `path` absolute, `relpath` relative to cwd."""
+    """A file a completed change wrote or removed: `path` absolute and admitted, `relpath` relative to
+    cwd (absolute for a file in another allowed root, as `file.changed` says it)."""
 
     path: str
     relpath: str
@@ -49,6 +58,8 @@ class CodexTurn:
     cwd: str
     thread_id: str
     turn_id: str | None = None
+    # The files port's admission (PathNotAllowed outside the allowed roots); None: lexically in cwd.
+    admit: Callable[[str], Path] | None = None
     # Codex accepts turn/interrupt only once it has announced the turn (turn/started), which comes
     # just after the turn/start answer: an interrupt sent in between is refused ("no active turn").
     active: bool = False
@@ -77,6 +88,7 @@ class CodexTurn:
     _message_text: dict[str, str] = field(default_factory=dict)
     _tool_output: dict[str, str] = field(default_factory=dict)
     _tool_names: dict[str, str] = field(default_factory=dict)
+    _root: Path | None = None  # cwd as admitted (resolved), what relpaths are taken against
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -240,24 +252,24 @@ class CodexTurn:
         return []
 
     def _files(self, item: dict[str, Any]) -> list[Emit | FileTouched]:
-        out: list[Emit | FileTouched] = []
+        out: list[FileTouched | None] = []
         for change in item.get("changes") or []:
             if not isinstance(change, dict) or not isinstance(change.get("path"), str):
                 continue
-            path = os.path.join(self.cwd, change["path"])
+            path = change["path"]
             kind = change.get("kind") or {}
             change_type = _CHANGE_KIND.get(_str(kind.get("type")), "modified")
             move_to = kind.get("move_path")
             if change_type == "modified" and isinstance(move_to, str) and move_to:
                 # A rename: the old path is gone, the new one holds the content.
-                out.append(FileTouched(path, self._rel(path), "deleted"))
-                path = os.path.join(self.cwd, move_to)
+                out.append(self._touched(path, "deleted"))
+                path = move_to
                 change_type = "created"
-            out.append(FileTouched(path, self._rel(path), change_type))
-        return out
+            out.append(self._touched(path, change_type))
+        return [t for t in out if t is not None]
 
     def _diff_files(self, diff: str) -> list[FileTouched]:
-        out: list[FileTouched] = []
+        out: list[FileTouched | None] = []
         old: str | None = None
         for line in diff.splitlines():
             if line.startswith("--- "):
@@ -265,20 +277,32 @@ class CodexTurn:
             elif line.startswith("+++ ") and old is not None:
                 new = _diff_path(line[4:], "b/")
                 if new is None:
-                    out.append(FileTouched(self._abs(old), self._rel(self._abs(old)), "deleted"))
+                    out.append(self._touched(old, "deleted"))
                 else:
                     if old is not None and old != new and old != "/dev/null":
-                        out.append(FileTouched(self._abs(old), self._rel(self._abs(old)), "deleted"))
+                        out.append(self._touched(old, "deleted"))
                     change = "created" if old in ("/dev/null", None) or old != new else "modified"
-                    out.append(FileTouched(self._abs(new), self._rel(self._abs(new)), change))
+                    out.append(self._touched(new, change))
                 old = None
-        return out
+        return [t for t in out if t is not None]
 
-    def _abs(self, path: str) -> str:
-        return os.path.normpath(os.path.join(self.cwd, path))
-
-    def _rel(self, path: str) -> str:
-        return os.path.relpath(path, self.cwd)
+    def _touched(self, path: str, change: str) -> FileTouched | None:
+        """The file `path` (as Codex named it, relative to cwd or absolute) if it is admitted."""
+        joined = os.path.join(self.cwd, path)
+        if "\0" in joined:
+            return None
+        if self.admit is None:
+            normal = os.path.normpath(joined)
+            if normal != self.cwd and not normal.startswith(self.cwd.rstrip("/") + "/"):
+                return None
+            return FileTouched(normal, os.path.relpath(normal, self.cwd), change)
+        try:
+            admitted = self.admit(joined)
+            if self._root is None:
+                self._root = self.admit(self.cwd)
+        except PathNotAllowed:
+            return None
+        return FileTouched(str(admitted), relative_to_cwd(admitted, self._root), change)
 
     def _close_open_messages(self) -> list[Emit | FileTouched]:
         """Messages Codex started and never completed (dropped for a steer, or cut by an interrupt):

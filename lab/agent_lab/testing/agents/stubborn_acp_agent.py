@@ -26,6 +26,8 @@ for an agent that has no model:
 - `[[mode:ID]]`: a `current_mode_update` to mode ID at the turn's start (combines with the others);
 - `[[perm]]`: announce a tool call, ask `session/request_permission`, reply with the chosen option kind;
 - `[[perm-unannounced]]`: the same without announcing the tool call first;
+- `[[perms:N]]`: ask N permissions at once (N threads, each its own announced tool call), then reply
+  "permissions: KIND=COUNT ..." with the chosen option kinds (and `cancelled`) counted, sorted by kind;
 - `[[write:PATH:CONTENT]]`: call `fs/write_text_file`; reply "write ok" or "write error: MESSAGE";
 - `[[read:PATH]]`: call `fs/read_text_file`; reply "read: CONTENT" or "read error: CODE MESSAGE";
 - `[[shell:CMD]]`: run CMD through the client's `terminal/*` methods; reply "exit N: OUTPUT".
@@ -179,6 +181,25 @@ def permission(session_id: str, announce: bool) -> str:
         return f"permission {kind}"
     update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, "status": "failed"})
     return "permission cancelled"
+
+
+def permissions(session_id: str, n: int) -> str:
+    """`[[perms:N]]`: N permission requests open at the same time (a provider flooding the client)."""
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def ask() -> None:
+        outcome = permission(session_id, announce=True).removeprefix("permission ")
+        with lock:
+            outcomes.append(outcome)
+
+    workers = [threading.Thread(target=ask, daemon=True) for _ in range(n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    counts = {kind: outcomes.count(kind) for kind in sorted(set(outcomes))}
+    return "permissions: " + " ".join(f"{kind}={count}" for kind, count in counts.items())
 
 
 def big_tool(session_id: str, *, nested: bool, size: int) -> str:
@@ -338,6 +359,8 @@ def run_prompt(rid: Any, params: dict[str, Any]) -> None:
         reply = permission(session_id, announce=False)
     elif "[[perm]]" in text:
         reply = permission(session_id, announce=True)
+    elif m := re.search(r"\[\[perms:(\d{1,4})\]\]", text):
+        reply = permissions(session_id, int(m.group(1)))
     elif m := re.search(r"\[\[write:(.*?):(.*?)\]\]", text, re.S):
         r = call("fs/write_text_file", {"sessionId": session_id, "path": m.group(1), "content": m.group(2)})
         reply = "write ok" if "result" in r else "write error: " + error_text(r)
