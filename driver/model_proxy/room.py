@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -41,6 +42,8 @@ MAX_CODEX_CONFIG_BYTES = 1024 * 1024
 PROXIED_HOME = "codex-home-proxied"
 # How long a run's terminal waits for the `model.usage` events already charged to it to be admitted.
 USAGE_DRAIN_S = 10.0
+# The journal text holding the ledger's figures (driver/model_proxy/budget.py: `Ledger.snapshot`).
+LEDGER_KEY = "model_proxy.ledger"
 
 
 class ProxyRoom:
@@ -55,6 +58,8 @@ class ProxyRoom:
         self._codex_source = _codex_home_source(execution)
         self.routes = plan.routes(execution)
         self.ledger = Ledger(execution.model_proxy.budget)
+        self._restore_ledger()
+        self._ledger_lock = anyio.Lock()
         # run id -> `model.usage` events charged to it and not yet admitted (a terminal waits for them).
         self._pending: dict[str, int] = {}
         self._drained = anyio.Event()
@@ -146,6 +151,33 @@ class ProxyRoom:
         run = self._active_run()
         return run.run_id if run is not None else None
 
+    # -- the ledger across driver processes (PROTOCOL §8.2) --------------------------------------------
+    def _restore_ledger(self) -> None:
+        """A predecessor's figures on this state_dir (the journal's text is MAC'd like every row)."""
+        raw = self.k.journal.text(LEDGER_KEY)
+        if raw is None:
+            return
+        try:
+            restored = self.ledger.restore(json.loads(raw))
+        except ValueError:
+            restored = False
+        if restored:
+            spent = self.ledger.session
+            log.info("model_proxy.ledger_restored", requests=spent.requests, cost_usd=round(spent.cost_usd, 6))
+        else:
+            log.warning("model_proxy.ledger_unreadable")
+
+    async def _journal_ledger(self) -> None:
+        """Journal the figures as they are now, before the usage is reported: a crash after this cannot
+        forget the charge (one between the upstream's answer and here can: the requests then settling).
+        Under a lock, the snapshot taken once it is held: two settles never leave the older figures last."""
+        try:
+            async with self._ledger_lock:
+                text = json.dumps(self.ledger.snapshot(), separators=(",", ":"))
+                await anyio.to_thread.run_sync(self.k.journal.set_text, LEDGER_KEY, text)
+        except Exception as exc:  # a journal that fails is the journal's to report; the usage still goes out
+            log.warning("model_proxy.ledger_not_journaled", error=f"{type(exc).__name__}: {exc}")
+
     async def on_usage(self, record: UsageRecord) -> None:
         """One `model.usage` (lossless). Charged to its run (still open: the ledger said so in the same
         step as the charge), it is one of that run's events, admitted before its terminal (`settle`
@@ -154,11 +186,13 @@ class ProxyRoom:
         payload = record.payload()
         run_id = record.run_id
         if not record.charged_to_run or run_id is None:
+            await self._journal_ledger()
             await self.k.emit("model.usage", payload)
             return
         # Counted before the first await: the run's settle cannot miss it.
         self._pending[run_id] = self._pending.get(run_id, 0) + 1
         try:
+            await self._journal_ledger()
             run = self._active_run()
             if run is not None and run.run_id == run_id:
                 run.last_activity = time.monotonic()
