@@ -20,7 +20,7 @@ import anyio
 from driver import agent_files, logs
 from driver.adapters.common.base import ProviderError, TurnOutcome
 from driver.agent_files import AgentFileError
-from driver.model_proxy import plan
+from driver.model_proxy import kept, plan
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.server import ModelProxy, UsageRecord
 from driver.protocol.boot import ExecutionConfig
@@ -63,6 +63,13 @@ class ProxyRoom:
         # run id -> `model.usage` events charged to it and not yet admitted (a terminal waits for them).
         self._pending: dict[str, int] = {}
         self._drained = anyio.Event()
+        # PROTOCOL §8.2: a kept provider calls the port and presents the placeholder it was started with
+        # (driver/model_proxy/kept.py). `_kept_by`: the keeper whose provider's placeholders are accepted.
+        self._state_dir = Path(kernel.boot.session.state_dir)
+        self._keeps = execution.reattach_grace_ms > 0
+        saved = kept.read(self._state_dir) if self._keeps else None
+        self._kept_by = saved.keeper_nonce if saved is not None else None
+        self._placeholders: dict[str, str] = {}  # the newest provider's (secret name -> placeholder)
         self.proxy = ModelProxy(
             self.routes,
             self.secrets,
@@ -71,7 +78,12 @@ class ProxyRoom:
             current_run=self.current_run,
             on_usage=self.on_usage,
             on_exceeded=self.on_exceeded,
+            port=saved.port if saved is not None else 0,
         )
+        if saved is not None:
+            self.proxy.keep(saved.digests, kept.digest)
+            if self.proxy.listener.port != saved.port:
+                log.warning("model_proxy.address_changed", port=self.proxy.listener.port, recorded=saved.port)
 
     # -- providers ------------------------------------------------------------------------------------
     def adapt(
@@ -79,6 +91,7 @@ class ProxyRoom:
     ) -> tuple[dict[str, str], ExecutionConfig]:
         """A new provider process: fresh placeholders, and its environment and snapshot rewritten."""
         placeholders = self.proxy.rotate()
+        self._placeholders = placeholders
         logs.REDACTOR.add(placeholders.values())
         url = self.proxy.url
         codex_home: str | None = None
@@ -134,6 +147,23 @@ class ProxyRoom:
             state_dir, relative / "config.toml", plan.rewrite_codex_config(text, f"{url}/openai").encode()
         )
         return str(state_dir / relative)
+
+    async def provider_started(self) -> None:
+        """An adapter started. Attached to the keeper whose placeholders are accepted: they stay so.
+        Otherwise its provider is a fresh one: the kept generation stops working, and when this provider
+        is kept, its own port and placeholders are recorded for the next driver process."""
+        if not self._keeps:
+            return
+        nonce = await anyio.to_thread.run_sync(kept.current_keeper, self._state_dir)
+        if nonce is not None and nonce == self._kept_by:
+            return
+        self._kept_by = None
+        self.proxy.drop_kept()
+        if nonce is None:
+            await anyio.to_thread.run_sync(kept.forget, self._state_dir)
+            return
+        port, placeholders = self.proxy.listener.port, dict(self._placeholders)
+        await anyio.to_thread.run_sync(kept.remember, self._state_dir, port, placeholders, nonce)
 
     async def start(self) -> None:
         await self.proxy.start()

@@ -14,8 +14,14 @@ from typing import Any
 import pytest
 from agent_lab.testing.fakes import Fakes
 
+from driver.keeper import kept
+from tests.faults.history import check_run
 from tests.integration.harness import INSTANCE, DriverProcess, control_plane
-from tests.integration.test_model_proxy import end_tree, proxied_payload
+from tests.integration.test_model_proxy import SECRET, end_tree, proxied_payload
+from tests.kernel.support import Driver
+from tests.kernel.test_reattach import FAST, alive, driver_key, provider_pid
+
+__all__ = ["driver_key"]  # the autouse fixture: the keeper's files are read under the journal's key
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +66,60 @@ async def test_a_crash_does_not_reset_the_session_budget(tmp_path: Path, fakes: 
             assert [e["payload"]["run_id"] for e in cp.events(INSTANCE, "model.usage")] == ["run-1", "run-2"]
     finally:
         end_tree(driver)
+
+
+def kept_proxied(runtime: str, tmp: Path, cp: Any, fakes: Fakes) -> dict[str, Any]:
+    payload = proxied_payload(runtime, tmp, cp.url, fakes)
+    payload["execution"]["reattach_grace_ms"] = 30_000
+    return payload
+
+
+# A run of two model requests with a tool call between them: the driver is killed while the tool runs.
+SLOW_TOOL = "[[shell:sleep 4; echo slept]]"
+
+
+@pytest.mark.provider
+@pytest.mark.parametrize("runtime", ["openai-app-server"])
+async def test_a_reattached_provider_keeps_calling_the_proxy(runtime: str, tmp_path: Path, fakes: Fakes) -> None:
+    """The driver is SIGKILLed in a run under the proxy and a grace, while a tool runs between the
+    run's two model requests: the successor listens on the port the kept provider calls and accepts the
+    placeholder it holds, so the run's second model request goes through, the run ends once, and the
+    next run's request goes through the proxy with the real key too (before: connection refused, the
+    run failed while `reattach` was announced). A model stream in flight at the kill is cut with the
+    proxy's process: not this test's case (docs/keeper.md)."""
+    state = tmp_path / "state"
+    async with control_plane(tmp_path) as cp:
+        d = Driver(tmp_path, kept_proxied(runtime, tmp_path, cp, fakes), env=FAST)
+        try:
+            started = await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            assert {c["id"]: c["supported"] for c in started["payload"]["capabilities"]}["reattach"] is True
+            cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": SLOW_TOOL})
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "tool.started", timeout=90)
+            pid = provider_pid(state)
+            before = len(fakes.responses.request_headers)
+            d.kill()
+            await cp.wait_disconnected(INSTANCE, timeout=10)
+            assert alive(pid), "the provider died with its driver"
+            d = Driver(tmp_path, kept_proxied(runtime, tmp_path, cp, fakes), name="driver2", env=FAST)
+            status = await cp.wait_for_command_status(cid, timeout=120)
+            assert status["status"] == "completed", json.dumps(status)
+            check_run(cp, "run-1", terminal="run.completed")
+            assert provider_pid(state) == pid, "not the kept provider"
+            # The run's answer after the tool: asked of the successor's proxy, with the real key.
+            headers = fakes.responses.request_headers[before:]
+            assert headers and all(SECRET in h.get("authorization", "") for h in headers), headers
+            usage = [e for e in cp.events(INSTANCE, "model.usage") if e["payload"]["run_id"] == "run-1"]
+            assert [e["epoch"] for e in usage] == [1, 2], usage
+
+            before = len(fakes.responses.request_headers)
+            cid2, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:ok]]"})
+            status2 = await cp.wait_for_command_status(cid2, timeout=90)
+            assert status2["status"] == "completed", json.dumps(status2)
+            assert provider_pid(state) == pid, "not the kept provider"
+            headers = fakes.responses.request_headers[before:]
+            assert headers and all(SECRET in h.get("authorization", "") for h in headers), headers
+            assert [e for e in cp.events(INSTANCE, "model.usage") if e["payload"]["run_id"] == "run-2"]
+            assert not cp.events(INSTANCE, "run.failed")
+        finally:
+            d.close()
+            kept.discard(state)
