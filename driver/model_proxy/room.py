@@ -40,6 +40,7 @@ BUDGET_EXCEEDED = "budget.exceeded"
 # Bound on the agent's CODEX_HOME/config.toml the driver copies (a config is a few KiB).
 MAX_CODEX_CONFIG_BYTES = 1024 * 1024
 PROXIED_HOME = "codex-home-proxied"
+SESSIONS = "sessions"
 # How long a run's terminal waits for the `model.usage` events already charged to it to be admitted.
 USAGE_DRAIN_S = 10.0
 # The journal text holding the ledger's figures (driver/model_proxy/budget.py: `Ledger.snapshot`).
@@ -126,6 +127,12 @@ class ProxyRoom:
             raise
         except UnicodeDecodeError:
             raise AgentFileError(f"{source / 'config.toml'}: not UTF-8") from None
+        # The provider's sessions stay in the agent's home, where the checkpoint recorder reads and
+        # restores them (PROTOCOL §8.1): a missing `sessions/` is made there, so the copy links it
+        # rather than codex-acp making its own in the copy. A file standing there is the agent's
+        # (left as it is: then there is no checkpoint, as without the proxy).
+        with contextlib.suppress(AgentFileError):
+            agent_files.make_folder(source, SESSIONS)
         state_dir = Path(self.k.boot.session.state_dir)
         relative = provider_dir.relative_to(state_dir) / PROXIED_HOME
         agent_files.make_folder(state_dir, relative)

@@ -123,3 +123,27 @@ async def test_a_reattached_provider_keeps_calling_the_proxy(runtime: str, tmp_p
         finally:
             d.close()
             kept.discard(state)
+
+
+@pytest.mark.provider
+async def test_codex_acp_under_the_proxy_records_a_checkpoint(tmp_path: Path, fakes: Fakes) -> None:
+    """codex-acp writes its session under the CODEX_HOME it is given, the proxy room's copy of the
+    agent's: that copy links the agent's `sessions/` (made when missing), so the session file lands
+    where the checkpoint recorder looks (before: in the copy, and no checkpoint was ever recorded)."""
+    driver: DriverProcess | None = None
+    try:
+        async with control_plane(tmp_path) as cp:
+            payload = proxied_payload("acp:codex-acp", tmp_path, cp.url, fakes)
+            home = Path(payload["execution"]["acp"]["env"]["CODEX_HOME"])
+            assert not (home / "sessions").exists()
+            driver = DriverProcess(tmp_path, payload)
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+            assert (await run_to_end(cp, "run-1", "[[say:kept]]"))["status"] == "completed"
+            recorded = await cp.wait_for_event(
+                INSTANCE, lambda e: e["kind"] == "checkpoint.recorded" and e["payload"]["run_id"] == "run-1", timeout=30
+            )
+            files = [f["path"] for f in recorded["payload"]["files"]]
+            assert len(files) == 1 and files[0].startswith("sessions/") and files[0].endswith(".jsonl"), files
+            assert (home / files[0]).is_file()
+    finally:
+        end_tree(driver)
