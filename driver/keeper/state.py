@@ -71,6 +71,12 @@ def fingerprint() -> str:
     return _mac.of("keeper_payload", _configured).hex()
 
 
+def keyed(purpose: str, value: str) -> str:
+    """A keyed digest of `value` (under the journal's key): what a keeper file records of a credential
+    the provider holds, so the file says nothing a reader could present (driver/model_proxy/kept.py)."""
+    return _mac.of("keeper_keyed", purpose, value).hex()
+
+
 def _mac_of(name: str, body: bytes) -> str:
     return _mac.of("keeper", name, body).hex()
 
@@ -246,7 +252,7 @@ def discard(state_dir: Path) -> bool:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(record.keeper_pid, signal.SIGKILL)
             killed = True
-    for name in ("record.json", "turn.json", "host.json"):
+    for name in ("record.json", "turn.json", "host.json", "proxy.json"):
         with contextlib.suppress(OSError):
             (keeper_dir(state_dir) / name).unlink()
     return killed

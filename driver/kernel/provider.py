@@ -126,6 +126,8 @@ class ProviderRoom:
     def on_ready(self) -> None:
         """The supervisor started an adapter: make sure its session is announced and journaled."""
         self.k.spawn(self._after_start, self.k.supervisor.adapter)
+        if self.proxy is not None:
+            self.k.spawn(self.proxy.provider_started)  # which placeholders a kept provider holds (§8.2)
 
     async def _after_start(self, adapter: Adapter) -> None:
         ref = adapter.native_id

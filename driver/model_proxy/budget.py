@@ -12,13 +12,16 @@ Once that run has ended (`close_run`, when its terminal is chosen), what the req
 charged to the session only: a run's usage is fixed at its terminal and equals the sum of the
 `model.usage` events charged to it.
 
-Spent figures are kept per run and for the session (the driver process; a new process starts the
-session's figure again from zero: the CP holds the history).
+Spent figures are kept per run and for the session. The session is the `state_dir`, not the driver
+process: the kernel journals `snapshot()` as requests settle and a new driver process starts its ledger
+from it (`restore`), so a crash never resets a session's budget (PROTOCOL §8.2). The runs still open are
+in the snapshot too: a run continued after a reattach keeps what it had spent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from driver.protocol.boot import Budget
 
@@ -61,6 +64,23 @@ class Spent:
         self.output_tokens += output_tokens
         self.cached_input_tokens += cached_input_tokens
         self.cost_usd += cost_usd
+
+    @classmethod
+    def of(cls, raw: Any) -> Spent | None:
+        """A journaled figure read back; None when it is not one (never a negative or a wrong type)."""
+        if not isinstance(raw, dict):
+            return None
+        ints = ("requests", "input_tokens", "output_tokens", "cached_input_tokens")
+        values: list[int] = []
+        for name in ints:
+            value = raw.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return None
+            values.append(value)
+        cost = raw.get("cost_usd")
+        if not isinstance(cost, int | float) or isinstance(cost, bool) or not cost >= 0:
+            return None
+        return cls(values[0], values[1], values[2], values[3], float(cost))
 
     def as_usage(self) -> dict[str, int | float | None]:
         """The run's `usage` (run.completed) in the driver's usual fields."""
@@ -170,6 +190,23 @@ class Ledger:
         self.closed.add(run_id)
         self.held_runs.pop(run_id, None)
         return self.run(run_id).as_usage()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a new driver process starts from: the session's figures and each open run's."""
+        runs = {r: asdict(s) for r, s in self.runs.items() if r not in self.closed and s.requests}
+        return {"session": asdict(self.session), "runs": runs}
+
+    def restore(self, raw: Any) -> bool:
+        """Start from a snapshot (a predecessor's); False, and nothing taken, when it is not one."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("runs", {}), dict):
+            return False
+        session = Spent.of(raw.get("session"))
+        runs = {r: Spent.of(v) for r, v in raw.get("runs", {}).items()}
+        if session is None or any(v is None for v in runs.values()):
+            return False
+        self.session = session
+        self.runs.update({r: v for r, v in runs.items() if v is not None})
+        return True
 
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)

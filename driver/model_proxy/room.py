@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import anyio
 from driver import agent_files, logs
 from driver.adapters.common.base import ProviderError, TurnOutcome
 from driver.agent_files import AgentFileError
-from driver.model_proxy import plan
+from driver.model_proxy import kept, plan
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.server import ModelProxy, UsageRecord
 from driver.protocol.boot import ExecutionConfig
@@ -39,8 +40,11 @@ BUDGET_EXCEEDED = "budget.exceeded"
 # Bound on the agent's CODEX_HOME/config.toml the driver copies (a config is a few KiB).
 MAX_CODEX_CONFIG_BYTES = 1024 * 1024
 PROXIED_HOME = "codex-home-proxied"
+SESSIONS = "sessions"
 # How long a run's terminal waits for the `model.usage` events already charged to it to be admitted.
 USAGE_DRAIN_S = 10.0
+# The journal text holding the ledger's figures (driver/model_proxy/budget.py: `Ledger.snapshot`).
+LEDGER_KEY = "model_proxy.ledger"
 
 
 class ProxyRoom:
@@ -55,9 +59,18 @@ class ProxyRoom:
         self._codex_source = _codex_home_source(execution)
         self.routes = plan.routes(execution)
         self.ledger = Ledger(execution.model_proxy.budget)
+        self._restore_ledger()
+        self._ledger_lock = anyio.Lock()
         # run id -> `model.usage` events charged to it and not yet admitted (a terminal waits for them).
         self._pending: dict[str, int] = {}
         self._drained = anyio.Event()
+        # PROTOCOL §8.2: a kept provider calls the port and presents the placeholder it was started with
+        # (driver/model_proxy/kept.py). `_kept_by`: the keeper whose provider's placeholders are accepted.
+        self._state_dir = Path(kernel.boot.session.state_dir)
+        self._keeps = execution.reattach_grace_ms > 0
+        saved = kept.read(self._state_dir) if self._keeps else None
+        self._kept_by = saved.keeper_nonce if saved is not None else None
+        self._placeholders: dict[str, str] = {}  # the newest provider's (secret name -> placeholder)
         self.proxy = ModelProxy(
             self.routes,
             self.secrets,
@@ -66,7 +79,12 @@ class ProxyRoom:
             current_run=self.current_run,
             on_usage=self.on_usage,
             on_exceeded=self.on_exceeded,
+            port=saved.port if saved is not None else 0,
         )
+        if saved is not None:
+            self.proxy.keep(saved.digests, kept.digest)
+            if self.proxy.listener.port != saved.port:
+                log.warning("model_proxy.address_changed", port=self.proxy.listener.port, recorded=saved.port)
 
     # -- providers ------------------------------------------------------------------------------------
     def adapt(
@@ -74,6 +92,7 @@ class ProxyRoom:
     ) -> tuple[dict[str, str], ExecutionConfig]:
         """A new provider process: fresh placeholders, and its environment and snapshot rewritten."""
         placeholders = self.proxy.rotate()
+        self._placeholders = placeholders
         logs.REDACTOR.add(placeholders.values())
         url = self.proxy.url
         codex_home: str | None = None
@@ -108,6 +127,12 @@ class ProxyRoom:
             raise
         except UnicodeDecodeError:
             raise AgentFileError(f"{source / 'config.toml'}: not UTF-8") from None
+        # The provider's sessions stay in the agent's home, where the checkpoint recorder reads and
+        # restores them (PROTOCOL §8.1): a missing `sessions/` is made there, so the copy links it
+        # rather than codex-acp making its own in the copy. A file standing there is the agent's
+        # (left as it is: then there is no checkpoint, as without the proxy).
+        with contextlib.suppress(AgentFileError):
+            agent_files.make_folder(source, SESSIONS)
         state_dir = Path(self.k.boot.session.state_dir)
         relative = provider_dir.relative_to(state_dir) / PROXIED_HOME
         agent_files.make_folder(state_dir, relative)
@@ -130,6 +155,23 @@ class ProxyRoom:
         )
         return str(state_dir / relative)
 
+    async def provider_started(self) -> None:
+        """An adapter started. Attached to the keeper whose placeholders are accepted: they stay so.
+        Otherwise its provider is a fresh one: the kept generation stops working, and when this provider
+        is kept, its own port and placeholders are recorded for the next driver process."""
+        if not self._keeps:
+            return
+        nonce = await anyio.to_thread.run_sync(kept.current_keeper, self._state_dir)
+        if nonce is not None and nonce == self._kept_by:
+            return
+        self._kept_by = None
+        self.proxy.drop_kept()
+        if nonce is None:
+            await anyio.to_thread.run_sync(kept.forget, self._state_dir)
+            return
+        port, placeholders = self.proxy.listener.port, dict(self._placeholders)
+        await anyio.to_thread.run_sync(kept.remember, self._state_dir, port, placeholders, nonce)
+
     async def start(self) -> None:
         await self.proxy.start()
         log.info("model_proxy.started", url=self.proxy.url, routes=sorted(self.routes))
@@ -146,6 +188,33 @@ class ProxyRoom:
         run = self._active_run()
         return run.run_id if run is not None else None
 
+    # -- the ledger across driver processes (PROTOCOL §8.2) --------------------------------------------
+    def _restore_ledger(self) -> None:
+        """A predecessor's figures on this state_dir (the journal's text is MAC'd like every row)."""
+        raw = self.k.journal.text(LEDGER_KEY)
+        if raw is None:
+            return
+        try:
+            restored = self.ledger.restore(json.loads(raw))
+        except ValueError:
+            restored = False
+        if restored:
+            spent = self.ledger.session
+            log.info("model_proxy.ledger_restored", requests=spent.requests, cost_usd=round(spent.cost_usd, 6))
+        else:
+            log.warning("model_proxy.ledger_unreadable")
+
+    async def _journal_ledger(self) -> None:
+        """Journal the figures as they are now, before the usage is reported: a crash after this cannot
+        forget the charge (one between the upstream's answer and here can: the requests then settling).
+        Under a lock, the snapshot taken once it is held: two settles never leave the older figures last."""
+        try:
+            async with self._ledger_lock:
+                text = json.dumps(self.ledger.snapshot(), separators=(",", ":"))
+                await anyio.to_thread.run_sync(self.k.journal.set_text, LEDGER_KEY, text)
+        except Exception as exc:  # a journal that fails is the journal's to report; the usage still goes out
+            log.warning("model_proxy.ledger_not_journaled", error=f"{type(exc).__name__}: {exc}")
+
     async def on_usage(self, record: UsageRecord) -> None:
         """One `model.usage` (lossless). Charged to its run (still open: the ledger said so in the same
         step as the charge), it is one of that run's events, admitted before its terminal (`settle`
@@ -154,11 +223,13 @@ class ProxyRoom:
         payload = record.payload()
         run_id = record.run_id
         if not record.charged_to_run or run_id is None:
+            await self._journal_ledger()
             await self.k.emit("model.usage", payload)
             return
         # Counted before the first await: the run's settle cannot miss it.
         self._pending[run_id] = self._pending.get(run_id, 0) + 1
         try:
+            await self._journal_ledger()
             run = self._active_run()
             if run is not None and run.run_id == run_id:
                 run.last_activity = time.monotonic()

@@ -96,6 +96,7 @@ class ModelProxy:
         bindings: Mapping[str, frozenset[str]] | None = None,
         upstream_timeout_s: float = 30.0,
         limits: Limits = LIMITS,
+        port: int = 0,
     ) -> None:
         self.routes = routes
         self._secrets = dict(secrets)
@@ -107,10 +108,19 @@ class ModelProxy:
         self._on_exceeded = on_exceeded
         self._timeout_s = upstream_timeout_s
         self._placeholders: dict[str, str] = {}  # placeholder -> secret name (the current generation only)
+        # A kept provider's generation (driver/model_proxy/kept.py): keyed digest -> secret name.
+        self._kept: dict[str, str] = {}
+        self._kept_digest: Callable[[str], str] | None = None
         # Bound now, served from `start()`: the port is known before the first provider is built, and
-        # a connection made in between waits in the backlog.
+        # a connection made in between waits in the backlog. `port`: the one a kept provider calls.
         self._server = LoopbackServer(self._decide, name="model_proxy", limits=limits, error_body=self._error_body)
-        self._server.bind(0)
+        try:
+            self._server.bind(port)
+        except OSError as exc:
+            if not port:
+                raise
+            log.warning("model_proxy.port_taken", port=port, error=exc.strerror or type(exc).__name__)
+            self._server.bind(0)
         self._client: httpx2.AsyncClient | None = None
         self._client_ready = anyio.Event()
         self._client_task: Any = None
@@ -131,6 +141,16 @@ class ModelProxy:
         fresh = {name: new_placeholder() for name in self._secrets}
         self._placeholders = {value: name for name, value in fresh.items()}
         return fresh
+
+    def keep(self, digests: Mapping[str, str], digest: Callable[[str], str]) -> None:
+        """Accept a kept provider's placeholders too (their keyed digests) beside the current ones."""
+        self._kept = dict(digests)
+        self._kept_digest = digest
+
+    def drop_kept(self) -> None:
+        """The kept provider is gone: only the current generation works from now on."""
+        self._kept = {}
+        self._kept_digest = None
 
     async def start(self) -> None:
         """Serve now; the upstream client is built meanwhile (importing httpx2 and loading the TLS roots
@@ -233,6 +253,8 @@ class ModelProxy:
         if text[:7].lower() == "bearer ":
             scheme, text = text[:7], text[7:].strip()
         name = self._placeholders.get(text)
+        if name is None and self._kept_digest is not None and text:
+            name = self._kept.get(self._kept_digest(text))
         if name is None or route.name not in self._bindings.get(name, frozenset()):
             return None
         return (scheme + self._secrets[name]).encode("latin-1")
