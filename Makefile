@@ -47,8 +47,8 @@ lint: $(STAMP_PY)
 	$(BIN)/ruff check driver lab tests bench
 	$(BIN)/mypy
 
-# The suite waits on real runtimes far more than it computes: 4 workers on 2 cores (measured, see
-# docs/performance.md). tests/conftest.py schedules them: files as units, `serial` tests alone.
+# The suite waits on real runtimes far more than it computes: 4 workers on 2 cores (against one
+# process: docs/performance.md). tests/conftest.py schedules them: files as units, `serial` tests alone.
 TEST_WORKERS ?= 4
 
 test: setup lint
