@@ -159,6 +159,11 @@ class World:
     unflushed: set[str] = field(default_factory=set)
     lost_in_crash: set[str] = field(default_factory=set)
     finals_reported: set[str] = field(default_factory=set)
+    # Reported since the last flush: the deletion goes to the journal with the next group commit, and the
+    # report (a later lossless admission) with that commit or a later one. A crash before it loses both,
+    # so the next process resends the event and reports its final rejection again: the first report
+    # never became durable (never reached the CP), so the CP still hears of it exactly once.
+    finals_unflushed: set[str] = field(default_factory=set)
     seqs: list[int] = field(default_factory=list)
     # this process only (reset by a crash)
     sent: list[SentBatch] = field(default_factory=list)
@@ -196,6 +201,7 @@ class World:
         elif isinstance(op, Flush):
             await self.outbox.flush()
             self.unflushed.clear()
+            self.finals_unflushed.clear()
         elif isinstance(op, Take):
             self.take(op.max_events, op.max_bytes)
         elif isinstance(op, Receive):
@@ -220,6 +226,8 @@ class World:
         elif isinstance(op, Crash):
             self.lost_in_crash |= self.unflushed
             self.unflushed.clear()
+            self.finals_reported -= self.finals_unflushed
+            self.finals_unflushed.clear()
             self.journal.close()
             self.open()
 
@@ -306,6 +314,7 @@ class World:
             assert f.event_id in self.cp_final and f.event_id in self.lossless
             assert f.event_id not in self.finals_reported, "a final rejection reported twice"
             self.finals_reported.add(f.event_id)
+            self.finals_unflushed.add(f.event_id)
         if batch.number in self.in_flight:
             del self.in_flight[batch.number]
             ok = set(accepted)
