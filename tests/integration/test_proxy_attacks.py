@@ -125,13 +125,19 @@ def call(path, results, name):
     c.request("POST", base.path + path, body, {"x-api-key": key, "content-type": "application/json",
                                                "anthropic-version": "2023-06-01"})
     r = c.getresponse(); r.read(); results[name] = r.status
+def save(results):  # a file as well as stdout: the budget may end the run (and this tool) mid-burst
+    with open("attack-results.json.tmp", "w") as f:
+        json.dump(results, f)
+    os.replace("attack-results.json.tmp", "attack-results.json")
 results = {}
 for path in ("/v1/messages#x", "/v1/messages/batches", "/v1/complete", "/v1/embeddings", "/v1/../v1/files"):
     call(path, results, path)
+save(results)
 burst = {}
 threads = [threading.Thread(target=call, args=("/v1/messages", burst, i)) for i in range(8)]
 [t.start() for t in threads]; [t.join() for t in threads]
 results["burst"] = sorted(burst.values())
+save(results)
 print("RESULTS=" + json.dumps(results))
 """
 
@@ -154,9 +160,11 @@ async def test_a_script_in_the_tree_cannot_use_the_proxy_as_a_relay_or_outrun_th
                 INSTANCE, "input.start", run_id="run-1", input={"text": "[[shell:python3 attack.py]]"}
             )
             await cp.wait_for_command_status(cid, timeout=120)
-            outputs = json.dumps([e["payload"].get("output") for e in cp.events(INSTANCE, "tool.completed")])
-            start = outputs.index("RESULTS=") + len("RESULTS=")
-            results = json.loads(json.loads('"' + outputs[start : outputs.index("}", start) + 1] + '"'))
+            # The run ends budget.exceeded at the burst's first refusal, and its interrupt may stop the
+            # script before it prints: what it measured before the burst is in its file (written before
+            # any burst request was sent, so before the run could end), the burst's figures when it got
+            # that far (the budget's bound is checked from model.usage below, whatever the script saw).
+            results = json.loads((tmp_path / "cwd" / "attack-results.json").read_text())
             # Nothing but the model endpoint went upstream: no batch, completion, embedding or file call.
             others = [path for _, path, _ in fake.other_requests[before_other:]]
             assert others == [], others
@@ -167,7 +175,7 @@ async def test_a_script_in_the_tree_cannot_use_the_proxy_as_a_relay_or_outrun_th
             # 8 at once, each with a worst case of 1500 output tokens, under 3000 tokens: each waits for
             # the reservations before it, so what the run was charged overshoots the budget by at most
             # about one request's worst case (the tests/model_proxy burst test shows 8 becoming 2).
-            assert set(results["burst"]) <= {200, 429}, results
+            assert set(results.get("burst", [])) <= {200, 429}, results
             charged = sum(
                 u["payload"]["input_tokens"] + u["payload"]["output_tokens"]
                 for u in cp.events(INSTANCE, "model.usage")
