@@ -38,6 +38,8 @@ class Run:
     adapter: Adapter | None = None  # the adapter running this run (signals go to its groups)
     forced_error: ProviderError | None = None  # set when the kernel ends the run for its provider
     last_activity: float = field(default_factory=time.monotonic)
+    # When it started on the clock /proc counts process start times on (the model proxy's attribution).
+    started_boot_s: float = field(default_factory=lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
     signalled_groups: list[int] = field(default_factory=list)
     # Set once the terminal event has its receipt: `turn.cancel` completes then, like `input.start`,
     # so a control plane that sees the cancel completed also has the terminal stored.

@@ -7,7 +7,8 @@ below each limit; the request that crosses a limit is still served (its cost is 
 a budget is overshot by at most one request, however many are sent at once. The reservation is
 settled from the usage the answer reports (`settle`) or released when nothing was spent (`release`).
 
-Attribution: a request belongs to the run that was active when it was admitted (None: outside a run).
+Attribution: a request belongs to the run the proxy names (the run active when it was admitted, or
+the ended run whose process sent it; None: outside a run).
 Once that run has ended (`close_run`, when its terminal is chosen), what the request still spends is
 charged to the session only: a run's usage is fixed at its terminal and equals the sum of the
 `model.usage` events charged to it.
@@ -149,17 +150,31 @@ class Ledger:
                 return Exceeded("max_tokens_per_run", tokens, b.max_tokens_per_run, reserved=True)
         return None
 
+    def after_end(self, run_id: str) -> Exceeded | None:
+        """A request of a process started during `run_id`, which has ended (§6.7 attribution): it is
+        the session's to pay, and refused outright while a per-run budget is set (the run it belongs
+        to is over, so nothing more may be spent for it; else backgrounding a loop would outrun every
+        per-run budget)."""
+        b = self.budget
+        r = self.runs.get(run_id, Spent())
+        if b.max_usd_per_run is not None:
+            return Exceeded("max_usd_per_run", round(r.cost_usd, 6), b.max_usd_per_run)
+        if b.max_tokens_per_run is not None:
+            return Exceeded("max_tokens_per_run", r.input_tokens + r.output_tokens, b.max_tokens_per_run)
+        return None
+
     def admit(self, run_id: str | None, tokens: int, usd: float) -> Ticket | Exceeded:
-        """Check every limit (reservations included) and reserve this request's worst case: one step."""
-        if run_id in self.closed:
-            run_id = None  # admitted after its run ended: the session's
-        exceeded = self.exceeded(run_id, with_reserved=True)
+        """Check every limit (reservations included) and reserve this request's worst case: one step.
+        A run that has ended is only named (the ticket's `run_id`, for the payload): its request is
+        checked, held and charged as the session's."""
+        open_run = None if run_id in self.closed else run_id
+        exceeded = self.exceeded(open_run, with_reserved=True)
         if exceeded is not None:
             return exceeded
         self.held_session.tokens += tokens
         self.held_session.usd += usd
-        if run_id is not None:
-            held = self.held_runs.setdefault(run_id, Held())
+        if open_run is not None:
+            held = self.held_runs.setdefault(open_run, Held())
             held.tokens += tokens
             held.usd += usd
         return Ticket(run_id, tokens, usd)

@@ -7,6 +7,7 @@ and ends a run whose budget is used with `run.failed{budget.exceeded}`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -24,6 +25,7 @@ from driver.model_proxy import kept, plan
 from driver.model_proxy.budget import Exceeded, Ledger
 from driver.model_proxy.server import ModelProxy, UsageRecord
 from driver.protocol.boot import ExecutionConfig
+from driver.telemetry import sockowner
 
 if TYPE_CHECKING:
     from driver.kernel.core import Kernel
@@ -45,6 +47,11 @@ SESSIONS = "sessions"
 USAGE_DRAIN_S = 10.0
 # The journal text holding the ledger's figures (driver/model_proxy/budget.py: `Ledger.snapshot`).
 LEDGER_KEY = "model_proxy.ledger"
+# Ended runs remembered for attribution (start and end on the boot clock); a process started during
+# an older one is attributed by today's rule.
+ENDED_RUNS_KEPT = 1024
+# An owner lookup that took longer than this is logged (debug): it runs off the event loop.
+SLOW_LOOKUP_S = 0.001
 
 
 class ProxyRoom:
@@ -71,11 +78,16 @@ class ProxyRoom:
         saved = kept.read(self._state_dir) if self._keeps else None
         self._kept_by = saved.keeper_nonce if saved is not None else None
         self._placeholders: dict[str, str] = {}  # the newest provider's (secret name -> placeholder)
+        # Attribution (§6.7): when the current provider was up (its own processes started before), and
+        # the runs that have ended, as (run_id, started, ended) on the boot clock.
+        self._ready_s: float | None = None
+        self._ended: collections.deque[tuple[str, float, float]] = collections.deque(maxlen=ENDED_RUNS_KEPT)
         self.proxy = ModelProxy(
             self.routes,
             self.secrets,
             self.ledger,
             bindings=plan.bindings(execution, list(self.secrets)),
+            attribution=self,
             current_run=self.current_run,
             on_usage=self.on_usage,
             on_exceeded=self.on_exceeded,
@@ -159,6 +171,9 @@ class ProxyRoom:
         """An adapter started. Attached to the keeper whose placeholders are accepted: they stay so.
         Otherwise its provider is a fresh one: the kept generation stops working, and when this provider
         is kept, its own port and placeholders are recorded for the next driver process."""
+        # Every process of this provider's tree started until now is the provider's own (the runtime,
+        # and what it starts with its session: claude-agent-acp's Claude CLI).
+        self._ready_s = sockowner.boot_seconds()
         if not self._keeps:
             return
         nonce = await anyio.to_thread.run_sync(kept.current_keeper, self._state_dir)
@@ -187,6 +202,38 @@ class ProxyRoom:
     def current_run(self) -> str | None:
         run = self._active_run()
         return run.run_id if run is not None else None
+
+    # -- attribution (§6.7): the process that holds a connection's client socket -------------------------
+    async def identify(self, client_port: int, server_port: int) -> object:
+        """The provider-tree process holding the client end of a new connection, from the kernel's
+        tables, off the event loop; None (today's rule, said at debug) when it cannot be found."""
+        try:
+            roots = list(self.k.adapter.process_group_ids())
+        except Exception:
+            roots = []
+        started = time.monotonic()
+        owner = await anyio.to_thread.run_sync(sockowner.find_owner, client_port, server_port, roots)
+        took = time.monotonic() - started
+        if owner is None:
+            log.debug("model_proxy.owner_unknown", client_port=client_port, ms=round(took * 1000, 2))
+        elif took > SLOW_LOOKUP_S:
+            log.debug("model_proxy.owner_lookup", pid=owner.pid, ms=round(took * 1000, 2))
+        return owner
+
+    def ended_run(self, origin: object) -> str | None:
+        """The ended run during which the origin's process was started, when it was started after the
+        provider was up and during that run; None otherwise (the run active now pays, as before)."""
+        if not isinstance(origin, sockowner.Owner) or self._ready_s is None or origin.started_s < self._ready_s:
+            return None
+        active = self._active_run()
+        if active is not None and origin.started_s >= active.started_boot_s:
+            return None
+        for run_id, started, ended in reversed(self._ended):
+            if started <= origin.started_s <= ended:
+                return run_id
+            if ended < origin.started_s:
+                break  # the runs are in order: the process started between two runs
+        return None
 
     # -- the ledger across driver processes (PROTOCOL §8.2) --------------------------------------------
     def _restore_ledger(self) -> None:
@@ -268,6 +315,7 @@ class ProxyRoom:
         """The run's terminal is being chosen: its usage is fixed now (later spending is the
         session's), once every `model.usage` already charged to it is admitted."""
         usage = self.ledger.close_run(run.run_id)
+        self._ended.append((run.run_id, run.started_boot_s, sockowner.boot_seconds()))
         with anyio.move_on_after(USAGE_DRAIN_S):
             while run.run_id in self._pending:
                 self._drained = anyio.Event()

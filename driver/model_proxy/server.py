@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -52,7 +52,7 @@ LIMITS = Limits(
 class UsageRecord:
     """One model request's usage, as `model.usage` carries it (plus the run it belongs to)."""
 
-    run_id: str | None  # the run active when the request was admitted
+    run_id: str | None  # the run it belongs to (§6.7 attribution), open or ended
     upstream: str
     model: str
     input_tokens: int
@@ -83,6 +83,20 @@ OnUsage = Callable[[UsageRecord], Awaitable[None]]
 OnExceeded = Callable[[str | None, Exceeded], None]
 
 
+class Attribution(Protocol):
+    """Which run a connection's requests belong to, from the process that holds its client socket
+    (PROTOCOL §6.7 "Attribution"; the kernel's side is `room.ProxyRoom`)."""
+
+    async def identify(self, client_port: int, server_port: int) -> object:
+        """Once per connection: who holds the client end (None: not found, today's rule applies)."""
+        ...
+
+    def ended_run(self, origin: object) -> str | None:
+        """Per request: the run, now ended, during which the origin's process was started; None when
+        the request follows the run active now."""
+        ...
+
+
 class ModelProxy:
     def __init__(
         self,
@@ -94,6 +108,7 @@ class ModelProxy:
         on_usage: OnUsage,
         on_exceeded: OnExceeded,
         bindings: Mapping[str, frozenset[str]] | None = None,
+        attribution: Attribution | None = None,
         upstream_timeout_s: float = 30.0,
         limits: Limits = LIMITS,
         port: int = 0,
@@ -106,6 +121,7 @@ class ModelProxy:
         self._current_run = current_run
         self._on_usage = on_usage
         self._on_exceeded = on_exceeded
+        self._attribution = attribution
         self._timeout_s = upstream_timeout_s
         self._placeholders: dict[str, str] = {}  # placeholder -> secret name (the current generation only)
         # A kept provider's generation (driver/model_proxy/kept.py): keyed digest -> secret name.
@@ -113,7 +129,13 @@ class ModelProxy:
         self._kept_digest: Callable[[str], str] | None = None
         # Bound now, served from `start()`: the port is known before the first provider is built, and
         # a connection made in between waits in the backlog. `port`: the one a kept provider calls.
-        self._server = LoopbackServer(self._decide, name="model_proxy", limits=limits, error_body=self._error_body)
+        self._server = LoopbackServer(
+            self._decide,
+            name="model_proxy",
+            limits=limits,
+            error_body=self._error_body,
+            identify=self._identify if attribution is not None else None,
+        )
         try:
             self._server.bind(port)
         except OSError as exc:
@@ -184,6 +206,10 @@ class ModelProxy:
         if client is not None:
             await client.aclose()
 
+    async def _identify(self, client_port: int) -> object:
+        assert self._attribution is not None
+        return await self._attribution.identify(client_port, self._server.port)
+
     # -- the head: route, endpoint, credential, budget -----------------------------------------------
     @staticmethod
     def _error_body(status: int, message: str, head: Head | None) -> bytes:
@@ -208,8 +234,13 @@ class ModelProxy:
             return _refusal(errors.AUTH, shape, "this proxy needs the current placeholder key")
         if endpoint.dialect is None:
             return lambda exchange: self._serve(exchange, route, target, endpoint, headers, None, shape)
-        run_id = self._current_run()
-        exceeded = self.ledger.exceeded(run_id)
+        # A process a run started, calling after that run ended, spends for the session (never for the
+        # run active now); every other request belongs to the run active now.
+        ended = self._attribution.ended_run(head.origin) if self._attribution is not None else None
+        run_id = ended if ended is not None else self._current_run()
+        exceeded = self.ledger.after_end(ended) if ended is not None else self.ledger.exceeded(run_id)
+        if exceeded is None and ended is not None:
+            exceeded = self.ledger.exceeded(None)  # the session's budget
         if exceeded is not None:
             self._count_refusal("budget", route)
             self._on_exceeded(run_id, exceeded)
@@ -482,4 +513,4 @@ def _refusal(kind: errors.Kind, shape: Dialect | None, message: str) -> Reply:
     return Reply(status, payload, headers)
 
 
-__all__ = ["BodyRefused", "ModelProxy", "UsageRecord"]
+__all__ = ["Attribution", "BodyRefused", "ModelProxy", "UsageRecord"]

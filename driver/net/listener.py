@@ -18,14 +18,16 @@ The app's handler then reads the body (`Exchange.body`, under those caps) and wr
 through `Exchange` (h11 frames it). h11 is imported when a server starts, not with this module, so the
 driver's start-up path does not pay for it.
 
-Interface: `LoopbackServer(decide, limits, error_body)`; `bind(port)`, `start()`, `close()`; `decide`
-returns a `Reply` (refuse or answer from the head alone) or a handler `async (Exchange) -> None`.
+Interface: `LoopbackServer(decide, limits, error_body, identify)`; `bind(port)`, `start()`, `close()`;
+`decide` returns a `Reply` (refuse or answer from the head alone) or a handler `async (Exchange) ->
+None`. `identify` (optional) names a connection's client once, from its port: `Head.origin`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import re
@@ -65,6 +67,7 @@ class Head:
     target: str
     headers: list[tuple[bytes, bytes]]
     client: str
+    origin: object = None  # what `identify` said of this connection's client (None without it)
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.headers:
@@ -99,6 +102,10 @@ Handler = Callable[["Exchange"], Awaitable[None]]
 Decide = Callable[[Head], "Reply | Handler"]
 # The app's error body for a refusal of the core's own (400, 408, 413, 503): (status, message, head) -> JSON.
 ErrorBody = Callable[[int, str, Head | None], bytes]
+# Who the client of a new connection is, from its port (the model proxy: the process holding the
+# socket). Started when the connection is accepted, so it runs while the head arrives; awaited before
+# the first `decide`, and its answer kept for every request of the connection.
+Identify = Callable[[int], Awaitable[object]]
 
 
 # A JSON string (escapes included): what `json_values` leaves out of its count.
@@ -254,9 +261,16 @@ class _Conn:
 
 class LoopbackServer:
     def __init__(
-        self, decide: Decide, *, name: str, limits: Limits | None = None, error_body: ErrorBody | None = None
+        self,
+        decide: Decide,
+        *,
+        name: str,
+        limits: Limits | None = None,
+        error_body: ErrorBody | None = None,
+        identify: Identify | None = None,
     ) -> None:
         self.decide = decide
+        self.identify = identify
         self.name = name
         self.limits = limits or Limits()
         self._error_body = error_body or _plain_error
@@ -351,29 +365,45 @@ class LoopbackServer:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        origin: asyncio.Task[object] | None = None
+        if self.identify is not None and isinstance(peer, tuple) and len(peer) >= 2:
+            origin = asyncio.ensure_future(self.identify(int(peer[1])))
         try:
-            await self._serve(entry, reader, writer)
+            await self._serve(entry, reader, writer, origin)
         except (ClientGone, ConnectionError, asyncio.CancelledError):
             pass  # a cancel is close() or an eviction: this task is the server's, nobody awaits it
         except Exception as exc:  # no input may take the driver down: log and drop the connection
             log.warning("listener.connection_failed", listener=self.name, error=f"{type(exc).__name__}: {exc}")
         finally:
+            if origin is not None and not origin.done():
+                origin.cancel()
             self._conns.pop(conn_id, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
     # -- one connection -------------------------------------------------------------------------------
-    async def _serve(self, entry: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self,
+        entry: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        origin: asyncio.Task[object] | None,
+    ) -> None:
         import h11
 
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         first = True
+        who: object = None
         while True:
             entry.deciding = True
             head = await self._read_head(conn, reader, writer, first)
             if head is None:
                 return
+            if first and origin is not None:
+                who = await self._origin(origin)
+            if who is not None:
+                head = dataclasses.replace(head, origin=who)
             first = False
             entry.deciding = False
             exchange = Exchange(self, conn, reader, writer, head)
@@ -435,6 +465,14 @@ class LoopbackServer:
                 if not first:
                     deadline = asyncio.get_running_loop().time() + limits.head_timeout_s
             conn.receive_data(data)
+
+    async def _origin(self, task: asyncio.Task[object]) -> object:
+        """The identification started at accept; None when it failed (the app keeps its default)."""
+        try:
+            return await task
+        except Exception as exc:
+            log.debug("listener.identify_failed", listener=self.name, error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def _error(self, status: int, message: str, head: Head | None) -> Reply:
         return Reply(status, self._error_body(status, message, head), [(b"content-type", b"application/json")])

@@ -135,6 +135,31 @@ class TreeReader:
             self.close()
 
 
+def tree_pids(roots: list[int]) -> list[int]:
+    """Every live pid of the trees under `roots`, parents before children (breadth first), at most
+    MAX_PROCESSES; a one-off read without cached descriptors (the model proxy's owner lookup)."""
+    out: list[int] = []
+    seen: set[int] = set()
+    queue = list(roots)
+    while queue and len(out) < MAX_PROCESSES:
+        pid = queue.pop(0)
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        out.append(pid)
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    queue.extend(map(int, f.read(CHILDREN_BYTES).split()))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
 def sample_tree(roots: list[int]) -> TreeSample:
     """One sample with a throwaway reader (for a one-off look; repeated sampling wants a TreeReader)."""
     reader = TreeReader()

@@ -167,7 +167,18 @@ def test_after_its_run_closed_a_request_is_charged_to_the_session() -> None:
     assert usage["input_tokens"] == 5 and ledger.run("r1").as_usage() == usage
     assert ledger.session.cost_usd == pytest.approx(1.2)
     after = ledger.admit("r1", 1, 0.0)  # a request admitted for a closed run is the session's
-    assert isinstance(after, Ticket) and after.run_id is None
+    assert isinstance(after, Ticket) and after.run_id == "r1"  # named (the payload's run_id), not held
+    assert "r1" not in ledger.held_runs
+    assert ledger.settle(after, 1, 1, 0, 0.0) is False and ledger.run("r1").as_usage() == usage
+
+
+def test_a_process_of_an_ended_run_is_refused_under_a_per_run_budget_only() -> None:
+    ledger = Ledger(Budget(max_usd_per_session=10.0))
+    assert ledger.after_end("r1") is None  # no per-run budget: the session's budget alone applies
+    for budget in (Budget(max_usd_per_run=1.0), Budget(max_tokens_per_run=100)):
+        refused = Ledger(budget).after_end("r1")
+        assert isinstance(refused, Exceeded) and not refused.reserved
+        assert refused.limit == ("max_usd_per_run" if budget.max_usd_per_run else "max_tokens_per_run")
 
 
 def test_unpriced_models_are_charged_at_the_tables_highest_rates() -> None:
