@@ -77,7 +77,11 @@ class RunPath:
         cid, seq = command.command_id, command.seq
         # Queued runs come first: a new input.start arriving between two runs must not overtake them.
         if not from_queue and (k.run is not None or self.queue.busy):
-            if not command.queue:
+            # A run whose terminal is chosen is no longer active (PROTOCOL §3): what is left of it (the
+            # terminal's receipt, the checkpoint of §8.1) must not refuse the next input, which a control
+            # plane sends as soon as it sees the terminal. It waits its turn like a queued one.
+            ending = k.run is not None and k.run.terminal is not None and not self.queue.busy
+            if not command.queue and not ending:
                 await k.commands.finish(
                     cid, seq, fp, "failed", error=CommandError("driver.run_active", "a run is already active", True)
                 )

@@ -227,3 +227,24 @@ async def test_real_runtime_queue_cancel_and_a_driver_sigkill(
         assert not started(cp, "run-3")
         for run_id in ("run-1", "run-2", "run-3"):
             assert len(terminals(cp, run_id)) == 1
+
+
+@pytest.mark.provider
+async def test_an_input_start_sent_on_seeing_the_terminal_is_not_refused(
+    tmp_path: Path, drivers: list[Driver], fakes: Fakes
+) -> None:
+    """A control plane sends the next input as soon as it stores a run's terminal. The driver still
+    finishes that run then (the terminal's receipt, the Claude session's checkpoint, §8.1), and used to
+    refuse the input `driver.run_active` in that window (the dev chat's next line, under load). A run
+    whose terminal is chosen is not active: the input waits its turn and runs."""
+    async with control_plane(tmp_path) as cp:
+        drivers.append(Driver(tmp_path, runtimes.payload("claude-agent-sdk", tmp_path, cp.url, fakes)))
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "driver.started", timeout=90)
+        # A long prompt makes the session file, and so the checkpoint after the run, big: the window wide.
+        text = "[[say:one]] " + "x" * 2_000_000
+        await cp.send_command(INSTANCE, "input.start", run_id="run-1", input={"text": text})
+        await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "run.completed" and e["run_id"] == "run-1", timeout=90)
+        cid, _ = await cp.send_command(INSTANCE, "input.start", run_id="run-2", input={"text": "[[say:two]]"})
+        status = await cp.wait_for_command_status(cid, timeout=90)
+        assert status["status"] == "completed", status
+        assert [e["kind"] for e in terminals(cp, "run-2")] == ["run.completed"]

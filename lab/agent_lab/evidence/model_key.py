@@ -28,6 +28,10 @@ async def model_key(rig: Rig, runtime: str) -> Case:
     var = KEY_VAR[runtime]
     execution["environment"][var] = key
     execution["model_proxy"] = {"secrets": [var]}
+    if runtime == "acp":
+        # The proxy's /openai route goes where the payload says (docs/protocol.md §6.7), never where the
+        # agent's own CODEX_HOME config says: the fake Responses endpoint is named here.
+        execution["environment"]["OPENAI_BASE_URL"] = rig.fakes.responses.base_url
     rig.drivers.append(DriverProc(box, boot))
     await rig.started(instance)
     out = box.cwd / "key-probe-out"
