@@ -312,6 +312,10 @@ async def test_a_refused_checkpoint_makes_the_next_one_send_whole_files(tmp_path
         d = Driver(tmp_path, boot_payload(runtime, tmp_path, cp.url, fakes))
         try:
             assert (await turn(cp, "run-1", f"Remember {MARKER}."))["status"] == "completed"
+            # The command's status can arrive (a command.update frame) before the batch that stores run-1's
+            # checkpoint: only once it is stored does deleting the CP's copy make run-2's refused.
+            await cp.wait_for_event(INSTANCE, lambda e: e["kind"] == "checkpoint.recorded"
+                                    and e["payload"]["run_id"] == "run-1")  # fmt: skip
             with sqlite3.connect(tmp_path / "cp.sqlite3") as db:
                 db.execute("DELETE FROM checkpoint_files")
             assert (await turn(cp, "run-2", "Say ok."))["status"] == "completed"

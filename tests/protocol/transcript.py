@@ -147,6 +147,11 @@ async def record(tmp: Path) -> list[Entry]:
                 await redialled(lambda c=code: cp.close_link(INSTANCE, c, "closed by the transcript"))
 
             relay.scenario = "The driver restarts on its state_dir: epoch 2"
+            # Linked again from the CP's side is not yet welcomed from the driver's: a SIGTERM before the
+            # welcome stops it at once with its resends still journaled (exit 70). A heartbeat comes after.
+            await cp.wait_for(
+                INSTANCE, lambda i: i["type"] == "heartbeat" and i["outbox"]["lossless_pending"] == 0, timeout=30
+            )
             d1.signal(signal.SIGTERM)
             assert await d1.wait(30) == 0
             d1b = driver("d1b", state="d1")
