@@ -16,20 +16,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
+from agent_lab.evidence.attack_kit import KeyCatcher, closed_within, flood, listening_ports
 from agent_lab.testing.fakes import Fakes
 
 from tests.integration.harness import INSTANCE, DriverProcess, boot_payload, control_plane
@@ -41,37 +36,6 @@ from tests.kernel.support import wait_provider
 def fakes() -> Iterator[Fakes]:
     with ExitStack() as stack:
         yield Fakes(stack)
-
-
-class KeyCatcher:
-    """The agent's own listener: records the credential headers of every request it gets."""
-
-    def __init__(self) -> None:
-        seen: list[str] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                seen.append(self.headers.get("authorization", "") + self.headers.get("x-api-key", ""))
-                self.send_response(500)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            do_GET = do_POST
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.seen = seen
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.mark.provider
@@ -202,56 +166,6 @@ def vm(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(field)
-
-
-def listening_ports(pid: int) -> set[int]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    ports = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        cols = line.split()
-        if cols[3] == "0A" and cols[9] in inodes and cols[1].startswith("0100007F:"):
-            ports.add(int(cols[1].split(":")[1], 16))
-    return ports
-
-
-async def flood(port: int, head: bytes, body_bytes: int) -> None:
-    """One keyless request with a huge body, sent as fast as the listener takes it."""
-    with contextlib.suppress(OSError):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(head)
-            block = b"x" * (1024 * 1024)
-            for _ in range(body_bytes // len(block)):
-                writer.write(block)
-                await asyncio.wait_for(writer.drain(), 20)
-            await asyncio.wait_for(reader.read(), 20)
-        except (OSError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-
-def closed_within(socks: list[socket.socket], seconds: float) -> int:
-    """How many of `socks` the server closed (EOF or reset) within `seconds`."""
-    deadline = time.monotonic() + seconds
-    closed = 0
-    for s in socks:
-        try:
-            while True:
-                s.settimeout(max(deadline - time.monotonic(), 0.01))
-                if s.recv(65536) == b"":
-                    closed += 1
-                    break
-        except TimeoutError:
-            pass
-        except OSError:
-            closed += 1
-    return closed
 
 
 @pytest.mark.provider

@@ -4,10 +4,15 @@ plus the /proc readings the attacks measure with. Nothing here attacks."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import socket
+import threading
+import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -133,3 +138,69 @@ def environ_of(pid: int) -> dict[str, str]:
     except OSError:
         return {}
     return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+class KeyCatcher:
+    """The agent's own listener: records the credential headers of every request it gets."""
+
+    def __init__(self) -> None:
+        seen: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                seen.append(self.headers.get("authorization", "") + self.headers.get("x-api-key", ""))
+                self.send_response(500)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            do_GET = do_POST
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.seen = seen
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def flood(port: int, head: bytes, body_bytes: int) -> None:
+    """One keyless request with a huge body, sent as fast as the listener takes it."""
+    with contextlib.suppress(OSError):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head)
+            block = b"x" * 2**20
+            for _ in range(body_bytes // len(block)):
+                writer.write(block)
+                await asyncio.wait_for(writer.drain(), 20)
+            await asyncio.wait_for(reader.read(), 20)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+
+def closed_within(socks: list[socket.socket], seconds: float) -> int:
+    """How many of `socks` the server closed (EOF or reset) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    closed = 0
+    for s in socks:
+        try:
+            while True:
+                s.settimeout(max(deadline - time.monotonic(), 0.01))
+                if s.recv(65536) == b"":
+                    closed += 1
+                    break
+        except TimeoutError:
+            pass
+        except OSError:
+            closed += 1
+    return closed

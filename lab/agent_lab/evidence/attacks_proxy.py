@@ -10,56 +10,31 @@ provider's environment (the proxy's URL and placeholders), as a real agent's too
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shlex
 import socket
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
-from agent_lab.evidence.attack_kit import Outcome, Target, environ_of, listening_ports, mib, peak_rss
+from agent_lab.evidence.attack_kit import (
+    KeyCatcher,
+    Outcome,
+    Target,
+    closed_within,
+    environ_of,
+    flood,
+    listening_ports,
+    mib,
+    peak_rss,
+)
 from agent_lab.evidence.rig import Rig, Sandbox, descendants
 from agent_lab.testing import codex_acp
 
 SECRET = "sk-REAL-evidence-model-key-0c91d2"
 CODEX_KEY = "FAKE_OPENAI_API_KEY"
-
-
-class KeyCatcher:
-    """The agent's own listener: records the credential headers of every request it gets."""
-
-    def __init__(self) -> None:
-        seen: list[str] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                seen.append(self.headers.get("authorization", "") + self.headers.get("x-api-key", ""))
-                self.send_response(500)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            do_GET = do_POST
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.seen = seen
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def agent_codex_home(box: Sandbox) -> Path:
@@ -234,41 +209,6 @@ async def relay_and_burst(t: Target) -> Outcome:
     )
 
 
-async def _flood(port: int, head: bytes, body_bytes: int) -> None:
-    """One keyless request with a huge body, sent as fast as the listener takes it."""
-    with contextlib.suppress(OSError):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(head)
-            block = b"x" * 2**20
-            for _ in range(body_bytes // len(block)):
-                writer.write(block)
-                await asyncio.wait_for(writer.drain(), 20)
-            await asyncio.wait_for(reader.read(), 20)
-        except (OSError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-
-def _closed_within(socks: list[socket.socket], seconds: float) -> int:
-    """How many of `socks` the server closed (EOF or reset) within `seconds`."""
-    deadline = time.monotonic() + seconds
-    closed = 0
-    for s in socks:
-        try:
-            while True:
-                s.settimeout(max(deadline - time.monotonic(), 0.01))
-                if s.recv(65536) == b"":
-                    closed += 1
-                    break
-        except TimeoutError:
-            pass
-        except OSError:
-            closed += 1
-    return closed
-
-
 async def _provider_env(t: Target) -> dict[str, str]:
     """The environment of the provider process (the one holding the proxy's URL)."""
     found: dict[str, str] = {}
@@ -299,8 +239,8 @@ async def floods_and_idle_sockets(t: Target) -> Outcome:
         size, mcp_size = 30 * 2**20, 15 * 2**20
         proxy_head = f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: {size}\r\n\r\n".encode()
         mcp_head = f"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: {mcp_size}\r\n\r\n".encode()
-        floods = [_flood(proxy_port, proxy_head, size) for _ in range(8)]
-        floods += [_flood(mcp_port, mcp_head, mcp_size) for _ in range(8)]
+        floods = [flood(proxy_port, proxy_head, size) for _ in range(8)]
+        floods += [flood(mcp_port, mcp_head, mcp_size) for _ in range(8)]
         async with httpx2.AsyncClient(timeout=30) as client:
 
             async def keyed() -> int:
@@ -317,7 +257,7 @@ async def floods_and_idle_sockets(t: Target) -> Outcome:
 
             status, *_ = await asyncio.gather(keyed(), *floods)
         grown = peak_rss(t.driver.pid) - base_peak
-        closed = await asyncio.to_thread(_closed_within, idle, 20.0)
+        closed = await asyncio.to_thread(closed_within, idle, 20.0)
     finally:
         for s in idle:
             s.close()
